@@ -1,0 +1,116 @@
+"""The allocation service: prepares the NEXT CommitLog file before it is needed.
+
+When the log starts writing file k, it asks for file k+1. A background thread
+creates it at full size, pre-warms it (MappedFile.create) and parks it. At the roll,
+``take`` hands the parked file over at once; it waits only if the writer outruns
+allocation, and creates the file itself if no request was made (the first file).
+
+Crash policy: a half-built file carries the suffix ``.allocating`` and is removed at
+the next load; a finished, parked file is an all-zero file that recovery keeps or
+removes like any other file past the end of the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from commitlog.errors import StoreClosedError
+from commitlog.mapped_file import MappedFile
+
+__all__ = ["AllocationService"]
+
+log = logging.getLogger(__name__)
+
+
+class AllocationService:
+    """One background thread that builds the next file of one CommitLog directory."""
+
+    def __init__(self, directory: str, file_size_bytes: int, prewarm: bool, mlock: bool) -> None:
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.prewarm = prewarm
+        self.mlock = mlock
+        self._condition = threading.Condition()
+        self._requested: int | None = None
+        self._ready: dict[int, MappedFile] = {}
+        self._failed: dict[int, BaseException] = {}
+        self._closed = False
+        self.allocate_ns: list[int] = []  # time to build each file, for reports
+        self._thread = threading.Thread(target=self._run, name="mqstore-allocate", daemon=True)
+        self._thread.start()
+
+    def request(self, start_offset: int) -> None:
+        """Ask for the file starting at ``start_offset`` to be prepared."""
+        with self._condition:
+            if start_offset in self._ready or self._requested == start_offset:
+                return
+            self._requested = start_offset
+            self._failed.pop(start_offset, None)
+            self._condition.notify_all()
+
+    def take(self, start_offset: int) -> MappedFile:
+        """The file starting at ``start_offset``: the parked one, or one made now.
+
+        Raises:
+            DiskFullError: there is no room for the file (from the background build or
+                from a build made here).
+        """
+        with self._condition:
+            while self._requested == start_offset and start_offset not in self._ready:
+                if self._closed:
+                    raise StoreClosedError("the allocation service is closed")
+                self._condition.wait()
+            mapped = self._ready.pop(start_offset, None)
+            self._failed.pop(start_offset, None)
+        if mapped is not None:
+            return mapped
+        return self._build(start_offset)
+
+    def _build(self, start_offset: int) -> MappedFile:
+        started_ns = time.perf_counter_ns()
+        mapped = MappedFile.create(
+            self.directory, start_offset, self.file_size_bytes, self.prewarm, self.mlock
+        )
+        self.allocate_ns.append(time.perf_counter_ns() - started_ns)
+        return mapped
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while self._requested is None and not self._closed:
+                    self._condition.wait()
+                if self._closed:
+                    return
+                start_offset = self._requested
+            assert start_offset is not None
+            try:
+                mapped = self._build(start_offset)
+            except BaseException as error:  # reported to the writer at take(); never lost
+                log.warning("allocating the CommitLog file at %d failed: %s", start_offset, error)
+                with self._condition:
+                    self._failed[start_offset] = error
+                    if self._requested == start_offset:
+                        self._requested = None
+                    self._condition.notify_all()
+                continue
+            with self._condition:
+                if self._closed:
+                    mapped.close()
+                    return
+                self._ready[start_offset] = mapped
+                if self._requested == start_offset:
+                    self._requested = None
+                self._condition.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread; parked files stay on disk (all zeros) for recovery to keep."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self._thread.join()
+        with self._condition:
+            for mapped in self._ready.values():
+                mapped.close()
+            self._ready.clear()

@@ -1,0 +1,701 @@
+"""The CommitLog: one append-only log of fixed-size mapped files for every topic.
+
+Invariants:
+- Records are appended under one lock. Inside it the store timestamp is taken (and
+  never decreases in file order), the queue offset of (topic, queue_id) is assigned
+  (dense from 0), and the record is written at the write position.
+- A record never spans two files. When it does not fit with room for a blank
+  record, the rest of the file becomes an end-of-file blank record and writing rolls
+  to the next file, which the allocation service has already prepared.
+- ``write_position`` is the end of the last appended record; ``flushed_position`` is a
+  record boundary before which every byte is durable.
+
+Crash policy (``open``): scan forward from ``recover_from`` (the checkpoint's flushed
+position, a record boundary), verifying every checksum, and stop at the first
+record that does not verify. That is the end of the log: the rest of its file is
+zeroed and every later file removed, so a torn or stale record can never be read
+back. The scan is bounded by the checkpoint, so restart time does not grow with the
+log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import attrs
+import numpy as np
+
+from commitlog.allocator import AllocationService
+from commitlog.config import CommitLogConfig
+from commitlog.errors import (
+    CorruptDataError,
+    DiskFullError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from commitlog.file_queue import MappedFileQueue
+from commitlog.flush import AsyncFlushService, GroupCommitService
+from commitlog.mapped_file import MappedFile
+from commitlog.record import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    FLAG_NULL_BODY,
+    HEADER_SIZE,
+    PREFIX,
+    Record,
+    decode,
+    encode_blank_into,
+    encode_into,
+    encode_keys,
+    encode_properties,
+    encode_tag,
+    validate_topic,
+)
+
+__all__ = ["AppendResult", "BatchAppendResult", "CommitLog"]
+
+log = logging.getLogger(__name__)
+
+QUEUE_ID_MAX = 2**31 - 1
+BATCH_MESSAGES_MAX = 1 << 20  # one batch holds the append lock; bound how long
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+class AppendResult(NamedTuple):
+    """Where one appended record landed. A NamedTuple: immutable, named, and cheap to
+    build on the per-message path (an attrs frozen class costs 2x here)."""
+
+    physical_offset: int
+    queue_offset: int
+    store_timestamp_ms: int
+    size: int
+
+
+@attrs.frozen
+class BatchAppendResult:
+    """Where a batch landed: record i is at ``physical_offsets[i]`` with queue offset
+    ``first_queue_offset + i``."""
+
+    physical_offsets: np.ndarray
+    sizes: np.ndarray
+    first_queue_offset: int
+    store_timestamp_ms: int
+
+    def __len__(self) -> int:
+        return len(self.physical_offsets)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    """Append, read, flush and recover the log in ``directory``. Build with ``open``."""
+
+    def __init__(
+        self,
+        directory: str,
+        config: CommitLogConfig,
+        read_only: bool,
+        syncer: Callable[[MappedFile], None] | None,
+        clock_ms: Callable[[], int] | None,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.read_only = read_only
+        self._syncer = syncer or MappedFile.flush
+        self._clock_ms = clock_ms or _wall_clock_ms
+        self._files = MappedFileQueue(directory, config.file_size_bytes, read_only)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._queue_offsets: dict[tuple[str, int], int] = {}
+        self._queue_offset_loader: Callable[[str, int], int] | None = None
+        self._write_position = 0
+        self._flushed_position = 0
+        self._last_store_ts_ms = 0
+        self._current: MappedFile | None = None
+        self._allocator: AllocationService | None = None
+        self._flusher: AsyncFlushService | GroupCommitService | None = None
+        self._append_listener: Callable[[], None] | None = None
+        self._reject_reason: str | None = None
+        self._record_size_limit_bytes = config.record_size_limit_bytes
+        self._closed = False
+        self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        config: CommitLogConfig,
+        *,
+        read_only: bool = False,
+        recover_from: int | None = None,
+        queue_offset_loader: Callable[[str, int], int] | None = None,
+        on_recovered: Callable[[Record], None] | None = None,
+        syncer: Callable[[MappedFile], None] | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> CommitLog:
+        """Open (or create) the log in ``directory`` and recover its end.
+
+        Args:
+            recover_from: a record boundary known valid (the smaller of the
+                checkpoint's flushed and dispatched positions). None scans from the
+                first file. Every record scanned counts in the queue-offset table.
+            queue_offset_loader: gives the next queue offset of a queue the log has
+                not seen since open (from the ConsumeQueue). Without it, offsets come
+                from the records scanned at open (so ``recover_from`` must be None).
+            on_recovered: called with every record the recovery scan verifies.
+            syncer: makes one file durable; tests inject counting or failing ones.
+            clock_ms: the store clock; tests inject a fake one.
+
+        Raises:
+            CorruptDataError: files are missing, misnamed or of the wrong size, or
+                the checkpoint points past the log.
+        """
+        if not read_only:
+            os.makedirs(directory, exist_ok=True)
+        commitlog = cls(directory, config, read_only, syncer, clock_ms)
+        commitlog._queue_offset_loader = queue_offset_loader
+        try:
+            commitlog._files.load()
+            commitlog._recover(recover_from, on_recovered)
+            if not read_only:
+                commitlog._start_services()
+        except BaseException:
+            commitlog._files.close()
+            raise
+        return commitlog
+
+    def _start_services(self) -> None:
+        config = self.config
+        self._allocator = AllocationService(
+            self.directory, config.file_size_bytes, config.prewarm, config.mlock
+        )
+        if self._current is None or self._write_position == self._current_end():
+            self._current = self._take_file(self._write_position)
+        self._allocator.request(self._current.start_offset + config.file_size_bytes)
+        if config.flush_mode == "sync":
+            self._flusher = GroupCommitService(self, config.sync_flush_timeout_ms)
+        else:
+            self._flusher = AsyncFlushService(
+                self,
+                config.flush_interval_ms,
+                config.flush_least_pages,
+                config.flush_thorough_interval_ms,
+            )
+
+    def close(self) -> None:
+        """Flush everything, stop the services and unmap the files."""
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True
+        if self._flusher is not None:
+            self._flusher.close()
+        if self._allocator is not None:
+            self._allocator.close()
+        if not self.read_only:
+            self.flush_to(self._write_position)
+        self._files.close()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(
+        self, recover_from: int | None, on_recovered: Callable[[Record], None] | None
+    ) -> None:
+        files = self._files
+        if not files.files:
+            self._write_position = self._flushed_position = recover_from or 0
+            if recover_from:
+                raise CorruptDataError(
+                    self.directory, recover_from, "checkpoint points into an empty CommitLog"
+                )
+            return
+        start = files.first_start if recover_from is None else max(recover_from, files.first_start)
+        last = files.files[-1]
+        if start > last.start_offset + last.size_bytes:
+            raise CorruptDataError(
+                last.path, start - last.start_offset, "checkpoint points past the CommitLog"
+            )
+        table = self._queue_offsets
+        for record in self._scan(start):
+            # Records past the start may not be in the ConsumeQueue yet: the table must
+            # already count them when the first append after open asks for an offset.
+            key = (record.topic, record.queue_id)
+            if record.queue_offset >= table.get(key, 0):
+                table[key] = record.queue_offset + 1
+            if on_recovered is not None:
+                on_recovered(record)
+            if record.store_ts_ms > self._last_store_ts_ms:
+                self._last_store_ts_ms = record.store_ts_ms
+        end = self._scan_end
+        self._write_position = end
+        self._flushed_position = end
+        if self.read_only:
+            return
+        self._truncate_after(end)
+        if self._current is not None:
+            self._syncer(self._current)
+
+    def _scan(self, start: int) -> Iterator[Record]:
+        """Yield verified records from ``start``; leave the end in ``_scan_end``.
+
+        The scan stops at zeros (the unwritten rest of a file), at a record that does
+        not verify, or at the end of the files. A blank record moves it to the next
+        file's start.
+        """
+        files = self._files
+        position = start
+        self._scan_end = start
+        while True:
+            try:
+                mapped = files.find(position)
+            except OffsetOutOfRangeError:
+                return
+            in_file = position - mapped.start_offset
+            if in_file + BLANK_SIZE > mapped.size_bytes:
+                return
+            total_size, magic, _ = PREFIX.unpack_from(mapped.mapping, in_file)
+            if total_size == 0 and magic == 0:
+                return
+            try:
+                record = decode(
+                    mapped.mapping, in_file, mapped.size_bytes, mapped.path, mapped.start_offset
+                )
+            except CorruptDataError as error:
+                log.warning("CommitLog ends at %d: %s", position, error)
+                return
+            if record is None:
+                assert magic == BLANK_MAGIC
+                position = mapped.start_offset + mapped.size_bytes
+                self._scan_end = position
+                continue
+            position += record.size
+            self._scan_end = position
+            yield record
+
+    def _truncate_after(self, end: int) -> None:
+        """Zero the current file past ``end`` and remove every later file."""
+        self._files.remove_after(end)
+        last = self._files.last
+        if last is None or end >= last.start_offset + last.size_bytes:
+            self._current = None
+            return
+        assert last.start_offset <= end
+        zeroed = last.zero_from(end - last.start_offset)
+        if zeroed:
+            log.warning(
+                "zeroed %d bytes of %s past the end of the log at %d", zeroed, last.path, end
+            )
+        self._current = last
+
+    # ------------------------------------------------------------------ append
+
+    def set_append_listener(self, listener: Callable[[], None] | None) -> None:
+        """Called (outside the lock) after every append: the dispatcher's wake-up."""
+        self._append_listener = listener
+
+    def reject_writes(self, reason: str | None) -> None:
+        """Refuse appends with DiskFullError while ``reason`` is set (disk watermark)."""
+        self._reject_reason = reason
+
+    def append(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes | bytearray | memoryview | None,
+        *,
+        keys: Sequence[str] | str | None = (),
+        tag: str | None = None,
+        properties: Any = None,
+        born_ts_ms: int | None = None,
+    ) -> AppendResult:
+        """Append one record.
+
+        Returns:
+            The record's physical offset, queue offset, store timestamp and size.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: bad topic, queue id, body, keys...
+            LimitExceededError: the record is larger than the size limit.
+            DiskFullError: no room for the next file, or writes are rejected.
+            FlushTimeoutError: sync flush mode, and the bytes did not become durable.
+        """
+        topic_bytes = validate_topic(topic)
+        if type(queue_id) is not int or not 0 <= queue_id <= QUEUE_ID_MAX:
+            _check_queue_id(queue_id)
+        flags = 0
+        if type(body) is not bytes:
+            if body is None:
+                flags = FLAG_NULL_BODY
+                body = b""
+            elif not isinstance(body, _BYTES_LIKE):
+                raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
+        tag_bytes = encode_tag(tag) if tag else b""
+        keys_bytes = encode_keys(keys) if keys else b""
+        properties_bytes = encode_properties(properties) if properties else b""
+        size = (
+            HEADER_SIZE
+            + len(topic_bytes)
+            + len(tag_bytes)
+            + len(keys_bytes)
+            + len(properties_bytes)
+            + len(body)
+        )
+        if size > self._record_size_limit_bytes:
+            raise LimitExceededError(
+                f"record of {size} bytes exceeds the limit of {self._record_size_limit_bytes}"
+            )
+        if born_ts_ms is not None:
+            _check_timestamp(born_ts_ms)
+        key = (topic, queue_id)
+        with self._lock:
+            self._check_writable()
+            queue_offset = self._queue_offsets.get(key)
+            if queue_offset is None:
+                queue_offset = self._load_queue_offset(topic, queue_id)
+            store_ts_ms = self._clock_ms()
+            if store_ts_ms < self._last_store_ts_ms:
+                store_ts_ms = self._last_store_ts_ms
+            position = self._write_position
+            current = self._current
+            assert current is not None
+            in_file = position - current.start_offset
+            if in_file + size + BLANK_SIZE > current.size_bytes:
+                current = self._roll(in_file)
+                position = current.start_offset
+                in_file = 0
+            encode_into(
+                current.mapping, in_file, position, size, queue_offset,
+                store_ts_ms if born_ts_ms is None else born_ts_ms, store_ts_ms,
+                queue_id, flags, topic_bytes, tag_bytes, keys_bytes, properties_bytes, body,
+            )  # fmt: skip
+            self._queue_offsets[key] = queue_offset + 1
+            self._write_position = position + size
+            self._last_store_ts_ms = store_ts_ms
+        listener = self._append_listener
+        if listener is not None:
+            listener()
+        flusher = self._flusher
+        if type(flusher) is GroupCommitService:
+            flusher.wait_durable(position + size)
+        return AppendResult(position, queue_offset, store_ts_ms, size)
+
+    def append_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes | bytearray | memoryview | None],
+        *,
+        keys: Sequence[Sequence[str] | str | None] | None = None,
+        tags: Sequence[str | None] | str | None = None,
+        properties: Sequence[Any] | None = None,
+        born_ts_ms: Sequence[int] | int | None = None,
+    ) -> BatchAppendResult:
+        """Append many records to one queue under one lock acquisition and one flush.
+
+        ``keys``, ``properties`` and a sequence of ``tags`` or ``born_ts_ms`` give one
+        item per body; a single ``tags`` str or ``born_ts_ms`` int applies to all.
+        A crash mid-batch keeps a prefix of the batch (never a torn record).
+
+        Raises:
+            The errors of ``append``; nothing is appended if any record is invalid.
+        """
+        topic_bytes = validate_topic(topic)
+        _check_queue_id(queue_id)
+        count = len(bodies)
+        if count > BATCH_MESSAGES_MAX:
+            raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
+        encoded = self._encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms)
+        key = (topic, queue_id)
+        positions = np.empty(count, dtype=np.int64)
+        sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
+        with self._lock:
+            self._check_writable()
+            first_queue_offset = self._queue_offsets.get(key)
+            if first_queue_offset is None:
+                first_queue_offset = self._load_queue_offset(topic, queue_id)
+            store_ts_ms = max(self._clock_ms(), self._last_store_ts_ms)
+            position = self._write_position
+            current = self._current
+            assert current is not None
+            mapping = current.mapping
+            in_file = position - current.start_offset
+            file_size = current.size_bytes
+            queue_offset = first_queue_offset
+            for index, (size, flags, tag_b, keys_b, props_b, body, born) in enumerate(encoded):
+                if in_file + size + BLANK_SIZE > file_size:
+                    self._write_position = position  # the records before the roll are in
+                    self._queue_offsets[key] = queue_offset
+                    current = self._roll(in_file)
+                    mapping = current.mapping
+                    position = current.start_offset
+                    in_file = 0
+                encode_into(
+                    mapping, in_file, position, size, queue_offset,
+                    store_ts_ms if born is None else born, store_ts_ms,
+                    queue_id, flags, topic_bytes, tag_b, keys_b, props_b, body,
+                )  # fmt: skip
+                positions[index] = position
+                position += size
+                in_file += size
+                queue_offset += 1
+            self._queue_offsets[key] = queue_offset
+            self._write_position = position
+            self._last_store_ts_ms = store_ts_ms
+        listener = self._append_listener
+        if listener is not None:
+            listener()
+        flusher = self._flusher
+        if type(flusher) is GroupCommitService:
+            flusher.wait_durable(position)
+        return BatchAppendResult(positions, sizes, first_queue_offset, store_ts_ms)
+
+    def _encode_batch(
+        self,
+        topic_bytes: bytes,
+        bodies: Sequence[Any],
+        keys: Sequence[Any] | None,
+        tags: Sequence[str | None] | str | None,
+        properties: Sequence[Any] | None,
+        born_ts_ms: Sequence[int] | int | None,
+    ) -> list[tuple[int, int, bytes, bytes, bytes, Any, int | None]]:
+        """Validate and encode every per-record section outside the lock."""
+        count = len(bodies)
+        for name, items in (("keys", keys), ("properties", properties)):
+            if items is not None and len(items) != count:
+                raise InvalidArgumentError(f"{name} has {len(items)} items for {count} bodies")
+        shared_tag = encode_tag(tags) if tags is None or isinstance(tags, str) else None
+        if shared_tag is None and len(tags) != count:  # type: ignore[arg-type]
+            raise InvalidArgumentError(f"tags has {len(tags)} items for {count} bodies")  # type: ignore[arg-type]
+        shared_born = born_ts_ms if born_ts_ms is None or isinstance(born_ts_ms, int) else None
+        if isinstance(born_ts_ms, int):
+            _check_timestamp(born_ts_ms)
+        elif born_ts_ms is not None and len(born_ts_ms) != count:
+            raise InvalidArgumentError(f"born_ts_ms has {len(born_ts_ms)} items for {count} bodies")
+        limit = self.config.record_size_limit_bytes
+        fixed = HEADER_SIZE + len(topic_bytes)
+        encoded = []
+        for index, body in enumerate(bodies):
+            flags = 0
+            if type(body) is not bytes:
+                if body is None:
+                    flags, body = FLAG_NULL_BODY, b""
+                elif not isinstance(body, _BYTES_LIKE):
+                    raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
+            tag_b = shared_tag if shared_tag is not None else encode_tag(tags[index])  # type: ignore[index]
+            keys_b = encode_keys(keys[index]) if keys is not None else b""
+            props_b = encode_properties(properties[index]) if properties is not None else b""
+            born = shared_born
+            if born_ts_ms is not None and shared_born is None:
+                born = born_ts_ms[index]  # type: ignore[index]
+                _check_timestamp(born)
+            size = fixed + len(tag_b) + len(keys_b) + len(props_b) + len(body)
+            if size > limit:
+                raise LimitExceededError(
+                    f"record {index} of {size} bytes exceeds the limit of {limit}"
+                )
+            encoded.append((size, flags, tag_b, keys_b, props_b, body, born))
+        return encoded
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the CommitLog is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError("the CommitLog is open read-only")
+        if self._reject_reason is not None:
+            raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
+
+    def _load_queue_offset(self, topic: str, queue_id: int) -> int:
+        loader = self._queue_offset_loader
+        offset = loader(topic, queue_id) if loader is not None else 0
+        assert offset >= 0
+        self._queue_offsets[(topic, queue_id)] = offset
+        return offset
+
+    def _roll(self, in_file: int) -> MappedFile:
+        """Fill the current file with a blank record and switch to the next one.
+
+        The next file is taken first: if that fails (disk full), nothing changed.
+        """
+        current = self._current
+        assert current is not None
+        next_start = current.start_offset + current.size_bytes
+        started_ns = time.perf_counter_ns()
+        following = self._take_file(next_start)
+        self.roll_wait_ns.append(time.perf_counter_ns() - started_ns)
+        encode_blank_into(current.mapping, in_file, current.size_bytes - in_file)
+        self._current = following
+        self._write_position = next_start
+        assert self._allocator is not None
+        self._allocator.request(next_start + current.size_bytes)
+        return following
+
+    def _take_file(self, start_offset: int) -> MappedFile:
+        last = self._files.last
+        if last is not None and last.start_offset == start_offset:
+            return last
+        assert self._allocator is not None
+        mapped = self._allocator.take(start_offset)
+        self._files.append(mapped)
+        return mapped
+
+    def _current_end(self) -> int:
+        assert self._current is not None
+        return self._current.start_offset + self._current.size_bytes
+
+    # ------------------------------------------------------------------ read
+
+    @property
+    def write_position(self) -> int:
+        return self._write_position
+
+    @property
+    def flushed_position(self) -> int:
+        return self._flushed_position
+
+    @property
+    def min_position(self) -> int:
+        """The first physical offset still in the log (retention moves it)."""
+        return self._files.first_start
+
+    @property
+    def last_store_ts_ms(self) -> int:
+        return self._last_store_ts_ms
+
+    @property
+    def file_count(self) -> int:
+        return len(self._files.files)
+
+    def files(self) -> list[MappedFile]:
+        return list(self._files.files)
+
+    def read(self, position: int, size: int) -> memoryview:
+        """A zero-copy view of ``size`` bytes at physical ``position``.
+
+        Raises:
+            OffsetOutOfRangeError: the range is not wholly inside one file of the log
+                and before the write position.
+        """
+        if position < 0 or size < 0:
+            raise OffsetOutOfRangeError(f"negative position {position} or size {size}")
+        mapped = self._find(position)
+        in_file = position - mapped.start_offset
+        end = position + size
+        if in_file + size > mapped.size_bytes or (
+            not self.read_only and end > self._write_position
+        ):
+            raise OffsetOutOfRangeError(
+                f"[{position}, {end}) is past the end of the log or crosses a file boundary"
+            )
+        return memoryview(mapped.mapping)[in_file : in_file + size]
+
+    def record_at(self, position: int) -> Record:
+        """Decode and verify the message record at ``position``.
+
+        Raises:
+            OffsetOutOfRangeError: no record can start there.
+            CorruptDataError: the bytes there are not a valid message record.
+        """
+        mapped = self._find(position)
+        in_file = position - mapped.start_offset
+        limit = mapped.size_bytes
+        if not self.read_only:
+            limit = min(limit, self._write_position - mapped.start_offset)
+        record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
+        if record is None:
+            raise CorruptDataError(mapped.path, in_file, "expected a message, found a blank record")
+        return record
+
+    def iter_records(self, start: int, end: int | None = None) -> Iterator[Record]:
+        """Verified records from record boundary ``start`` up to ``end`` (default: the
+        write position), across files; blank records are skipped.
+
+        Raises:
+            CorruptDataError: a record before ``end`` does not verify.
+        """
+        stop = self._write_position if end is None else end
+        position = start
+        while position < stop:
+            mapped = self._find(position)
+            in_file = position - mapped.start_offset
+            limit = min(mapped.size_bytes, stop - mapped.start_offset)
+            record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
+            if record is None:
+                position = mapped.start_offset + mapped.size_bytes
+                continue
+            position += record.size
+            yield record
+
+    def _find(self, position: int) -> MappedFile:
+        try:
+            return self._files.find(position)
+        except OffsetOutOfRangeError:
+            if not self.read_only:
+                raise
+        self._files.refresh()
+        return self._files.find(position)
+
+    # ------------------------------------------------------------------ flush
+
+    def flush_to(self, position: int) -> None:
+        """Make every byte before ``position`` durable (one fdatasync per file touched)."""
+        with self._flush_lock:
+            start = self._flushed_position
+            if position <= start:
+                return
+            files = self._files.files
+            for mapped in list(files):
+                file_end = mapped.start_offset + mapped.size_bytes
+                if file_end > start and mapped.start_offset < position:
+                    self._syncer(mapped)
+            self._flushed_position = position
+
+    def wait_durable(self, position: int) -> None:
+        """Sync mode: block until ``position`` is durable. Async mode: flush now."""
+        if isinstance(self._flusher, GroupCommitService):
+            self._flusher.wait_durable(position)
+        else:
+            self.flush_to(position)
+
+    # ------------------------------------------------------------------ retention
+
+    def delete_oldest_file(self) -> MappedFile | None:
+        """Remove the oldest file (never the one being written). Returns it, closed."""
+        with self._lock:
+            if len(self._files.files) < 2 or self._files.files[0] is self._current:
+                return None
+            oldest = self._files.remove_oldest()
+        oldest.close()
+        os.unlink(oldest.path)
+        return oldest
+
+    def queue_offsets(self) -> dict[tuple[str, int], int]:
+        """The next queue offset of every queue seen since open (a copy)."""
+        with self._lock:
+            return dict(self._queue_offsets)
+
+
+def _check_queue_id(queue_id: object) -> None:
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+        raise InvalidTypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
+    if not 0 <= queue_id <= QUEUE_ID_MAX:
+        raise InvalidArgumentError(f"queue_id {queue_id} is outside [0, {QUEUE_ID_MAX}]")
+
+
+def _check_timestamp(timestamp_ms: object) -> None:
+    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
+        raise InvalidTypeError(f"timestamps must be int ms, not {type(timestamp_ms).__name__}")
+    if not 0 <= timestamp_ms < 2**63:
+        raise InvalidArgumentError(f"timestamp {timestamp_ms} ms is outside [0, 2**63)")

@@ -1,0 +1,85 @@
+"""CommitLog configuration: one frozen, keyword-only, validated class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+from attrs import validators as v
+
+from commitlog.errors import ConfigError
+from commitlog.record import BLANK_SIZE, HEADER_SIZE
+
+__all__ = ["CommitLogConfig", "PAGE_SIZE_BYTES"]
+
+PAGE_SIZE_BYTES = 4096
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+FILE_SIZE_MIN_BYTES = 64 * KIB  # small enough for tests that roll often
+FILE_SIZE_MAX_BYTES = 2 * GIB - PAGE_SIZE_BYTES  # total_size of a blank record is a u32
+
+
+def _check_page_multiple(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value % PAGE_SIZE_BYTES:
+        raise ConfigError(f"{attribute.name} must be a multiple of {PAGE_SIZE_BYTES}, not {value}")
+
+
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
+
+
+def _wrap(validator: _Validator) -> _Validator:
+    """Run an attrs validator and report its failure as a ConfigError."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        try:
+            validator(instance, attribute, value)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{attribute.name}: {error}") from None
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class CommitLogConfig:
+    """Settings of one CommitLog. Defaults follow RocketMQ's MessageStoreConfig."""
+
+    file_size_bytes: int = attrs.field(
+        default=GIB,
+        validator=[
+            _wrap(v.instance_of(int)),
+            _wrap(v.ge(FILE_SIZE_MIN_BYTES)),
+            _wrap(v.le(FILE_SIZE_MAX_BYTES)),
+            _check_page_multiple,
+        ],
+    )
+    max_message_size_bytes: int = attrs.field(
+        default=4 * MIB,
+        validator=[_wrap(v.instance_of(int)), _wrap(v.ge(HEADER_SIZE + 1))],
+    )
+    flush_mode: Literal["async", "sync"] = attrs.field(
+        default="async", validator=_wrap(v.in_(("async", "sync")))
+    )
+    flush_interval_ms: int = attrs.field(
+        default=500, validator=[_wrap(v.instance_of(int)), _wrap(v.ge(1)), _wrap(v.le(60_000))]
+    )
+    flush_least_pages: int = attrs.field(
+        default=4, validator=[_wrap(v.instance_of(int)), _wrap(v.ge(0))]
+    )
+    flush_thorough_interval_ms: int = attrs.field(
+        default=10_000,
+        validator=[_wrap(v.instance_of(int)), _wrap(v.ge(1)), _wrap(v.le(3_600_000))],
+    )
+    sync_flush_timeout_ms: int = attrs.field(
+        default=5_000, validator=[_wrap(v.instance_of(int)), _wrap(v.ge(1))]
+    )
+    prewarm: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
+    mlock: bool = attrs.field(default=False, validator=_wrap(v.instance_of(bool)))
+    verify_checksum_on_read: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
+
+    @property
+    def record_size_limit_bytes(self) -> int:
+        """The largest record accepted: the configured maximum, capped so that the
+        record and an end-of-file blank record fit in one file (small test files)."""
+        return min(self.max_message_size_bytes, self.file_size_bytes - BLANK_SIZE)

@@ -1,0 +1,102 @@
+"""The store's one error root and its typed children.
+
+Every error the store raises on purpose is a ``StoreError``. Where an error also
+means what a builtin means (a bad argument is a ``ValueError``, a wrong type a
+``TypeError``, a timeout a ``TimeoutError``), it subclasses that builtin too, so
+callers may catch either.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "StoreError",
+    "ConfigError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "CorruptDataError",
+    "LimitExceededError",
+    "OffsetOutOfRangeError",
+    "StoreLockedError",
+    "StoreClosedError",
+    "FlushTimeoutError",
+    "DiskFullError",
+    "ReadOnlyStoreError",
+    "UnknownTopicError",
+]
+
+
+class StoreError(Exception):
+    """Root of every error the store raises on purpose."""
+
+
+class ConfigError(StoreError, ValueError):
+    """A configuration value is out of its bounds or inconsistent with another."""
+
+
+class InvalidArgumentError(StoreError, ValueError):
+    """An argument has the right type but a value the store refuses (a bad topic name...)."""
+
+
+class InvalidTypeError(StoreError, TypeError):
+    """An argument has the wrong type (a body that is not bytes-like...)."""
+
+
+class CorruptDataError(StoreError):
+    """Bytes on disk do not decode: bad magic, impossible size or a checksum mismatch.
+
+    Attributes:
+        path: the file that holds the bad bytes.
+        position: the byte position inside that file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], position: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.position = position
+        self.reason = reason
+        super().__init__(f"corrupt data in {self.path} at position {position}: {reason}")
+
+    def __reduce__(self) -> tuple[type[CorruptDataError], tuple[str, int, str]]:
+        return (type(self), (self.path, self.position, self.reason))
+
+
+class LimitExceededError(StoreError, ValueError):
+    """A value is larger than a configured limit (message size, key length...)."""
+
+
+class OffsetOutOfRangeError(StoreError, IndexError):
+    """A logical offset or physical position lies outside what the store holds."""
+
+
+class StoreLockedError(StoreError):
+    """Another writer (in this or another process) holds the store's lock."""
+
+
+class StoreClosedError(StoreError):
+    """The store or component was used after close()."""
+
+
+class FlushTimeoutError(StoreError, TimeoutError):
+    """A synchronous flush did not make the bytes durable within the timeout.
+
+    The record was appended and may still become durable; it was not acknowledged.
+    """
+
+
+class DiskFullError(StoreError, OSError):
+    """The disk has no room (ENOSPC) or usage is above the reject watermark.
+
+    Nothing already stored is lost; writes resume once space frees.
+    """
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was attempted through a store opened read-only."""
+
+
+class UnknownTopicError(StoreError, KeyError):
+    """The topic (or partition) does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else "unknown topic"

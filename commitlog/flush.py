@@ -1,0 +1,153 @@
+"""Flush services: when bytes written through the mappings become durable.
+
+- ``AsyncFlushService``: every ``flush_interval_ms`` it flushes if at least
+  ``flush_least_pages`` dirty pages wait, and every ``flush_thorough_interval_ms``
+  it flushes whatever waits. A put returns before its bytes are durable.
+- ``GroupCommitService``: a put waits until its bytes are durable. Waiting writers
+  are served in groups: the service snapshots the write position, makes everything
+  up to it durable with one fdatasync per file touched, and wakes every writer whose
+  record ends at or before it. A writer whose bytes are not durable within
+  ``sync_flush_timeout_ms`` gets ``FlushTimeoutError``.
+
+Both call ``Flushable.flush_to(position)``, which is the only code that syncs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from commitlog.errors import FlushTimeoutError, StoreClosedError
+
+__all__ = ["AsyncFlushService", "Flushable", "GroupCommitService"]
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE_BYTES = 4096
+
+
+class Flushable(Protocol):
+    @property
+    def write_position(self) -> int: ...
+
+    @property
+    def flushed_position(self) -> int: ...
+
+    def flush_to(self, position: int) -> None: ...
+
+
+class AsyncFlushService:
+    """Background flushing on a timer, as RocketMQ's FlushRealTimeService."""
+
+    def __init__(
+        self, log_: Flushable, interval_ms: int, least_pages: int, thorough_interval_ms: int
+    ) -> None:
+        self._log = log_
+        self._interval_s = interval_ms / 1000
+        self._least_bytes = least_pages * PAGE_SIZE_BYTES
+        self._thorough_interval_s = thorough_interval_ms / 1000
+        self._stop = threading.Event()
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="mqstore-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last_thorough = time.monotonic()
+        while not self._stop.wait(self._interval_s):
+            dirty = self._log.write_position - self._log.flushed_position
+            thorough = time.monotonic() - last_thorough >= self._thorough_interval_s
+            if dirty <= 0 or (dirty < self._least_bytes and not thorough):
+                continue
+            try:
+                self._log.flush_to(self._log.write_position)
+            except Exception as error:  # a failed flush is retried next tick
+                self.failures += 1
+                log.error("async flush failed (will retry): %s", error)
+                continue
+            if thorough:
+                last_thorough = time.monotonic()
+
+    def wait_durable(self, end_position: int) -> None:
+        """Async mode acknowledges at once."""
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class GroupCommitService:
+    """Synchronous group commit, as RocketMQ's GroupCommitService."""
+
+    def __init__(self, log_: Flushable, timeout_ms: int) -> None:
+        self._log = log_
+        self._timeout_s = timeout_ms / 1000
+        self._condition = threading.Condition()
+        self._requested = 0  # the largest end position any writer waits for
+        self._closed = False
+        self._error: BaseException | None = None
+        self.flush_count = 0  # one per group: the figure that shows grouping works
+        self._thread = threading.Thread(target=self._run, name="mqstore-group-commit", daemon=True)
+        self._thread.start()
+
+    def wait_durable(self, end_position: int) -> None:
+        """Block until every byte before ``end_position`` is durable.
+
+        Raises:
+            FlushTimeoutError: not durable within the timeout (the record stays in the
+                log and may still become durable; it is not acknowledged).
+            StoreClosedError: the store closed before the flush.
+        """
+        log_ = self._log
+        if log_.flushed_position >= end_position:
+            return
+        deadline = time.monotonic() + self._timeout_s
+        with self._condition:
+            if end_position > self._requested:
+                self._requested = end_position
+                self._condition.notify_all()
+            while log_.flushed_position < end_position:
+                if self._closed:
+                    raise StoreClosedError("store closed before the record was flushed")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    detail = f": {self._error}" if self._error else ""
+                    raise FlushTimeoutError(
+                        f"bytes up to {end_position} not durable within "
+                        f"{self._timeout_s * 1000:.0f} ms{detail}"
+                    )
+                self._condition.wait(remaining)
+
+    def _run(self) -> None:
+        log_ = self._log
+        while True:
+            with self._condition:
+                while self._requested <= log_.flushed_position and not self._closed:
+                    self._condition.wait()
+                if self._closed and self._requested <= log_.flushed_position:
+                    return
+            # Everything written so far joins this group, not only what was requested.
+            target = log_.write_position
+            try:
+                log_.flush_to(target)
+                self._error = None
+                self.flush_count += 1
+            except Exception as error:  # waiting writers time out with the cause
+                self._error = error
+                log.error("group commit flush failed: %s", error)
+                with self._condition:
+                    if self._closed:
+                        self._condition.notify_all()
+                        return
+                    self._condition.wait(0.01)  # back off; writers see the error on timeout
+                continue
+            with self._condition:
+                self._condition.notify_all()
+
+    def close(self) -> None:
+        """Flush what was requested, then stop."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self._thread.join()

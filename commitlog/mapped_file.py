@@ -1,0 +1,190 @@
+"""One fixed-size CommitLog file, memory-mapped.
+
+A file is named by the 20-digit, zero-padded physical offset of its first byte, so
+that ``ls`` sorts files in log order. It is created at its full size with
+``posix_fallocate`` (so a full disk shows up as ENOSPC when the file is prepared,
+never as SIGBUS on a write through the mapping), mapped shared, and optionally
+pre-warmed: every page faulted in writable (MADV_POPULATE_WRITE, or one touched byte
+per page where the kernel lacks it), optionally mlocked, then madvised.
+
+Crash policy: the file itself holds no positions. What is valid is decided by the
+CommitLog's recovery scan; bytes past the last valid record are zeroed by it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import mmap
+import os
+from typing import Final
+
+import numpy as np
+
+from commitlog.config import PAGE_SIZE_BYTES
+from commitlog.errors import CorruptDataError, DiskFullError, StoreError
+
+__all__ = ["MappedFile", "file_name", "parse_file_name"]
+
+log = logging.getLogger(__name__)
+
+FILE_NAME_DIGITS: Final = 20  # zero-padded so that ls sorts files numerically
+MADV_POPULATE_WRITE: Final = 23  # Linux 5.14+; Python 3.11's mmap module lacks the name
+ZERO_CHUNK_BYTES: Final = 4 << 20  # truncation zeroes in chunks, skipping all-zero ones
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def file_name(start_offset: int) -> str:
+    assert start_offset >= 0
+    return f"{start_offset:0{FILE_NAME_DIGITS}d}"
+
+
+def parse_file_name(name: str) -> int | None:
+    """The start offset a file name stands for, or None if it is not one of ours."""
+    if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+        return None
+    return int(name)
+
+
+class MappedFile:
+    """A fixed-size file of the log, mapped read-write (or read-only).
+
+    Attributes:
+        path: the file's path.
+        start_offset: physical offset of the file's first byte.
+        size_bytes: the file's fixed size.
+        mapping: the shared mapping of the whole file.
+    """
+
+    __slots__ = ("_locked", "fd", "mapping", "path", "read_only", "size_bytes", "start_offset")
+
+    def __init__(self, path: str, start_offset: int, size_bytes: int, read_only: bool) -> None:
+        self.path = path
+        self.start_offset = start_offset
+        self.size_bytes = size_bytes
+        self.read_only = read_only
+        self._locked = False
+        flags = os.O_RDONLY if read_only else os.O_RDWR
+        self.fd = os.open(path, flags | os.O_CLOEXEC)
+        try:
+            actual = os.fstat(self.fd).st_size
+            if actual != size_bytes:
+                raise CorruptDataError(
+                    path, actual, f"file is {actual} bytes, expected {size_bytes}"
+                )
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            self.mapping = mmap.mmap(self.fd, size_bytes, access=access)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @classmethod
+    def create(
+        cls, directory: str, start_offset: int, size_bytes: int, prewarm: bool, lock_memory: bool
+    ) -> MappedFile:
+        """Create, allocate and map a new file; pre-warm it if asked.
+
+        The file is built under a temporary name and renamed into place once it is
+        fully allocated, so a crash never leaves a short file under a real name.
+
+        Raises:
+            DiskFullError: the disk has no room for the file.
+        """
+        path = os.path.join(directory, file_name(start_offset))
+        tmp_path = path + ".allocating"
+        fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size_bytes)
+        except OSError as error:
+            os.close(fd)
+            os.unlink(tmp_path)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(
+                    errno.ENOSPC, f"no room to allocate {size_bytes} bytes for {path}"
+                ) from error
+            raise
+        os.close(fd)
+        os.rename(tmp_path, path)
+        mapped = cls(path, start_offset, size_bytes, read_only=False)
+        if prewarm:
+            mapped.prewarm(lock_memory)
+        return mapped
+
+    def prewarm(self, lock_memory: bool) -> None:
+        """Fault every page in writable, optionally mlock, then madvise WILLNEED."""
+        try:
+            self.mapping.madvise(MADV_POPULATE_WRITE)
+        except OSError:
+            # Older kernels: touch one byte per page (a write fault per page).
+            pages = np.frombuffer(self.mapping, dtype=np.uint8)[::PAGE_SIZE_BYTES]
+            pages[:] = pages
+            del pages
+        if lock_memory:
+            self._mlock()
+        self.mapping.madvise(mmap.MADV_WILLNEED)
+
+    def _mlock(self) -> None:
+        window = (ctypes.c_char * self.size_bytes).from_buffer(self.mapping)
+        try:
+            result = _libc.mlock(
+                ctypes.c_void_p(ctypes.addressof(window)), ctypes.c_size_t(self.size_bytes)
+            )
+        finally:
+            del window
+        if result != 0:
+            code = ctypes.get_errno()
+            log.warning("mlock of %s failed: %s", self.path, os.strerror(code))
+        else:
+            self._locked = True
+
+    def flush(self) -> None:
+        """Make every byte written through the mapping durable (fdatasync).
+
+        fdatasync writes back pages dirtied through a shared mapping and, unlike
+        mmap.flush on CPython 3.11, releases the GIL while it waits.
+        """
+        try:
+            os.fdatasync(self.fd)
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(errno.ENOSPC, f"flush of {self.path}: disk full") from error
+            raise StoreError(f"flush of {self.path} failed: {error}") from error
+
+    def zero_from(self, position_in_file: int) -> int:
+        """Zero every non-zero byte from ``position_in_file`` to the end of the file.
+
+        Returns:
+            How many bytes were written (all-zero chunks are skipped, so a file that
+            was only partly used costs a read of its tail, not a rewrite).
+        """
+        assert 0 <= position_in_file <= self.size_bytes
+        assert not self.read_only
+        written = 0
+        view = np.frombuffer(self.mapping, dtype=np.uint8)
+        start = position_in_file
+        while start < self.size_bytes:
+            end = min(start + ZERO_CHUNK_BYTES, self.size_bytes)
+            chunk = view[start:end]
+            if chunk.any():
+                chunk[:] = 0
+                written += end - start
+            start = end
+        del view
+        return written
+
+    def close(self) -> None:
+        """Unmap and close. Views still held by readers keep the mapping alive."""
+        try:
+            self.mapping.close()
+        except BufferError:
+            # A reader still holds a zero-copy view; the mapping is freed with it.
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path!r}, start_offset={self.start_offset})"

@@ -1,0 +1,506 @@
+"""The CommitLog record format: the one place it is declared.
+
+Layout of a message record (all integers little-endian)::
+
+    offset size field
+    0      4    total_size       u32  whole record, this field included
+    4      4    magic            u32  MESSAGE_MAGIC
+    8      8    checksum         u64  xxh3_64 over bytes [16, total_size), seeded with
+                                      the u64 at [0, 8) (total_size | magic << 32), so it
+                                      covers every byte of the record but its own field
+    16     8    queue_offset     i64  dense from 0 per (topic, queue_id)
+    24     8    physical_offset  i64  where the record starts in the CommitLog
+    32     8    born_ts_ms       i64  producer's timestamp (CreateTime)
+    40     8    store_ts_ms      i64  set under the append lock (LogAppendTime)
+    48     4    queue_id         i32
+    52     4    flags            u32  FLAG_* bits below
+    56     4    body_len         u32
+    60     4    properties_len   u32
+    64     2    keys_len         u16
+    66     1    topic_len        u8
+    67     1    tag_len          u8
+    68     ...  topic | tag | keys | properties | body
+
+- topic: ASCII from ``[A-Za-z0-9._-]``, 1 to 127 bytes, never ``.`` or ``..``.
+- tag: UTF-8, 0 to 255 bytes; empty means no tag.
+- keys: UTF-8 keys joined by NUL; each key is non-empty and holds no NUL.
+- properties: repeated (u16 key_len, key UTF-8, u32 value_len, value bytes).
+
+An end-of-file blank record fills the rest of a file when the next record does not
+fit: ``total_size`` = bytes left in the file, ``magic`` = BLANK_MAGIC, and a checksum
+over its 16-byte header. A record never spans two files, and every file keeps room
+for a blank record, so a reader always finds one of the two magics at a record start.
+
+Decoding validates size, magic and checksum; any failure is a ``CorruptDataError``
+naming the file and the position, never a half-decoded record.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import xxhash
+
+from commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LimitExceededError,
+)
+
+__all__ = [
+    "BLANK_MAGIC",
+    "BLANK_SIZE",
+    "FLAG_NULL_BODY",
+    "HEADER",
+    "HEADER_SIZE",
+    "MESSAGE_MAGIC",
+    "PREFIX",
+    "Record",
+    "TOPIC_NAME_MAX",
+    "checksum",
+    "decode",
+    "decode_properties",
+    "encode_into",
+    "encode_keys",
+    "encode_properties",
+    "encode_tag",
+    "read_prefix",
+    "tag_hash",
+    "validate_topic",
+]
+
+MESSAGE_MAGIC: Final = 0x4D515231  # "MQR1" read little-endian as text
+BLANK_MAGIC: Final = 0x4D51424B  # "MQBK"
+
+#: total_size u32, magic u32, checksum u64: the part read first at any record start.
+PREFIX: Final = struct.Struct("<IIQ")
+#: The full fixed header, fields in the order of the layout above.
+HEADER: Final = struct.Struct(
+    "<"
+    "I"  # total_size
+    "I"  # magic
+    "Q"  # checksum
+    "q"  # queue_offset
+    "q"  # physical_offset
+    "q"  # born_ts_ms
+    "q"  # store_ts_ms
+    "i"  # queue_id
+    "I"  # flags
+    "I"  # body_len
+    "I"  # properties_len
+    "H"  # keys_len
+    "B"  # topic_len
+    "B"  # tag_len
+)
+#: The header after the checksum: what encode packs before hashing.
+_TAIL: Final = struct.Struct(HEADER.format.replace("IIQ", "", 1))
+_SEED_PREFIX: Final = struct.Struct("<Q")
+_PROPERTY_KEY: Final = struct.Struct("<H")
+_PROPERTY_VALUE: Final = struct.Struct("<I")
+
+HEADER_SIZE: Final = HEADER.size
+BLANK_SIZE: Final = PREFIX.size
+CHECKSUM_OFFSET: Final = 8
+HASHED_FROM: Final = PREFIX.size
+assert HEADER_SIZE == 68
+assert BLANK_SIZE == 16
+assert _TAIL.size == HEADER_SIZE - PREFIX.size
+
+FLAG_NULL_BODY: Final = 0x1  # the body is None (a Kafka tombstone), body_len is 0
+FLAGS_KNOWN: Final = FLAG_NULL_BODY
+
+TOPIC_NAME_MAX: Final = 127  # bytes; RocketMQ's maxTopicLength for the V1 magic
+TAG_MAX_BYTES: Final = 255  # tag_len is a u8
+KEYS_MAX_BYTES: Final = 0xFFFF  # keys_len is a u16
+KEY_SEPARATOR: Final = b"\x00"
+_TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,127}")
+
+_hash = xxhash.xxh3_64_intdigest
+_topic_cache: dict[str, bytes] = {}
+_TOPIC_CACHE_MAX: Final = 1 << 16  # validated names kept; a store rarely has more topics
+
+
+def validate_topic(topic: object) -> bytes:
+    """Check a topic name and return its encoded bytes.
+
+    Raises:
+        InvalidTypeError: ``topic`` is not a str.
+        InvalidArgumentError: empty, too long, a character outside ``[A-Za-z0-9._-]``,
+            or ``.``/``..`` (the guard against path traversal).
+    """
+    cached = _topic_cache.get(topic) if type(topic) is str else None
+    if cached is not None:
+        return cached
+    if not isinstance(topic, str):
+        raise InvalidTypeError(f"topic must be a str, not {type(topic).__name__}")
+    if not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidArgumentError(
+            f"invalid topic name {topic!r}: use 1 to {TOPIC_NAME_MAX} characters "
+            "from [A-Za-z0-9._-], not '.' or '..'"
+        )
+    encoded = topic.encode("ascii")
+    if len(_topic_cache) < _TOPIC_CACHE_MAX:
+        _topic_cache[topic] = encoded
+    return encoded
+
+
+def encode_tag(tag: str | None) -> bytes:
+    """Encode a tag (None or "" mean no tag)."""
+    if tag is None:
+        return b""
+    if not isinstance(tag, str):
+        raise InvalidTypeError(f"tag must be a str or None, not {type(tag).__name__}")
+    encoded = tag.encode("utf-8")
+    if len(encoded) > TAG_MAX_BYTES:
+        raise LimitExceededError(f"tag is {len(encoded)} bytes, the limit is {TAG_MAX_BYTES}")
+    return encoded
+
+
+def tag_hash(tag: bytes) -> int:
+    """The signed 64-bit tag hash stored in ConsumeQueue units; 0 means no tag."""
+    if not tag:
+        return 0
+    value = _hash(tag)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def encode_keys(keys: Iterable[str] | str | None) -> bytes:
+    """Encode message keys: one str, or an iterable of them."""
+    if not keys:
+        return b""
+    if isinstance(keys, str):
+        keys = (keys,)
+    parts = []
+    for key in keys:
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"keys must be str, not {type(key).__name__}")
+        encoded = key.encode("utf-8")
+        if not encoded or KEY_SEPARATOR in encoded:
+            raise InvalidArgumentError(f"invalid key {key!r}: keys are non-empty and hold no NUL")
+        parts.append(encoded)
+    joined = KEY_SEPARATOR.join(parts)
+    if len(joined) > KEYS_MAX_BYTES:
+        raise LimitExceededError(f"keys take {len(joined)} bytes, the limit is {KEYS_MAX_BYTES}")
+    return joined
+
+
+def decode_keys(raw: bytes | memoryview) -> tuple[str, ...]:
+    if not raw:
+        return ()
+    return tuple(part.decode("utf-8") for part in bytes(raw).split(KEY_SEPARATOR))
+
+
+PropertiesInput = Mapping[str, "str | bytes"] | Sequence[tuple[str, "str | bytes"]] | None
+
+
+def encode_properties(properties: Any) -> bytes:
+    """Encode properties: a mapping or a sequence of (key, value) pairs.
+
+    Keys are str; values are str (stored as UTF-8) or bytes-like. Order and repeated
+    keys are kept, as Kafka headers need.
+    """
+    if not properties:
+        return b""
+    items = properties.items() if isinstance(properties, Mapping) else properties
+    out = bytearray()
+    for item in items:
+        try:
+            key, value = item
+        except (TypeError, ValueError):
+            raise InvalidTypeError("properties must be a mapping or (key, value) pairs") from None
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"property keys must be str, not {type(key).__name__}")
+        key_bytes = key.encode("utf-8")
+        if isinstance(value, str):
+            value_bytes: bytes | bytearray | memoryview = value.encode("utf-8")
+        elif isinstance(value, bytes | bytearray | memoryview):
+            value_bytes = value
+        else:
+            raise InvalidTypeError(
+                f"property values must be str or bytes, not {type(value).__name__}"
+            )
+        if len(key_bytes) > 0xFFFF:
+            raise LimitExceededError("a property key is longer than 65535 bytes")
+        out += _PROPERTY_KEY.pack(len(key_bytes))
+        out += key_bytes
+        out += _PROPERTY_VALUE.pack(len(value_bytes))
+        out += value_bytes
+    return bytes(out)
+
+
+def decode_properties(raw: bytes | memoryview) -> tuple[tuple[str, bytes], ...]:
+    """Decode the properties section into (key, value) pairs.
+
+    Raises:
+        ValueError: the section is malformed (callers wrap it with the position).
+    """
+    if not raw:
+        return ()
+    view = memoryview(raw)
+    pairs = []
+    position = 0
+    end = len(view)
+    while position < end:
+        (key_len,) = _PROPERTY_KEY.unpack_from(view, position)
+        position += _PROPERTY_KEY.size
+        key = bytes(view[position : position + key_len]).decode("utf-8")
+        position += key_len
+        (value_len,) = _PROPERTY_VALUE.unpack_from(view, position)
+        position += _PROPERTY_VALUE.size
+        if position + value_len > end:
+            raise ValueError("property value runs past the section")
+        pairs.append((key, bytes(view[position : position + value_len])))
+        position += value_len
+    if position != end:
+        raise ValueError("leftover bytes after the properties")
+    return tuple(pairs)
+
+
+def checksum(record: bytes | memoryview, total_size: int, magic: int) -> int:
+    """The checksum of a record whose bytes after the checksum field are ``record``."""
+    return _hash(record, total_size | magic << 32)
+
+
+def encode_into(
+    buffer: Any,
+    position: int,
+    physical_offset: int,
+    total_size: int,
+    queue_offset: int,
+    born_ts_ms: int,
+    store_ts_ms: int,
+    queue_id: int,
+    flags: int,
+    topic: bytes,
+    tag: bytes,
+    keys: bytes,
+    properties: bytes,
+    body: Any,
+) -> None:
+    """Write one whole record at ``position`` of ``buffer`` (a file's mapping).
+
+    ``total_size`` must be ``HEADER_SIZE + len(topic) + len(tag) + len(keys) +
+    len(properties) + len(body)``; the caller computed it to decide where the
+    record goes, so it is passed in rather than computed twice.
+    """
+    tail = (
+        _TAIL.pack(
+            queue_offset,
+            physical_offset,
+            born_ts_ms,
+            store_ts_ms,
+            queue_id,
+            flags,
+            len(body),
+            len(properties),
+            len(keys),
+            len(topic),
+            len(tag),
+        )
+        + topic
+        + tag
+        + keys
+        + properties
+        + body
+    )
+    assert len(tail) + PREFIX.size == total_size
+    PREFIX.pack_into(
+        buffer, position, total_size, MESSAGE_MAGIC, _hash(tail, total_size | MESSAGE_MAGIC << 32)
+    )
+    end = position + total_size
+    buffer[position + PREFIX.size : end] = tail
+
+
+def encode_blank_into(buffer: Any, position: int, total_size: int) -> None:
+    """Write an end-of-file blank record of ``total_size`` bytes at ``position``."""
+    assert total_size >= BLANK_SIZE
+    PREFIX.pack_into(
+        buffer, position, total_size, BLANK_MAGIC, _hash(b"", total_size | BLANK_MAGIC << 32)
+    )
+
+
+class Record:
+    """One decoded message record. ``body`` is a zero-copy view into the log.
+
+    Fields follow the layout in the module docstring. ``physical_offset`` is the
+    record's start in the CommitLog and ``size`` its total size in bytes.
+    """
+
+    __slots__ = (
+        "_keys_raw",
+        "_properties_raw",
+        "body",
+        "born_ts_ms",
+        "flags",
+        "physical_offset",
+        "queue_id",
+        "queue_offset",
+        "size",
+        "store_ts_ms",
+        "tag",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        queue_offset: int,
+        physical_offset: int,
+        born_ts_ms: int,
+        store_ts_ms: int,
+        queue_id: int,
+        flags: int,
+        topic: str,
+        tag: str | None,
+        keys_raw: memoryview,
+        properties_raw: memoryview,
+        body: memoryview | None,
+    ) -> None:
+        self.size = size
+        self.queue_offset = queue_offset
+        self.physical_offset = physical_offset
+        self.born_ts_ms = born_ts_ms
+        self.store_ts_ms = store_ts_ms
+        self.queue_id = queue_id
+        self.flags = flags
+        self.topic = topic
+        self.tag = tag
+        self._keys_raw = keys_raw
+        self._properties_raw = properties_raw
+        self.body = body
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return decode_keys(self._keys_raw)
+
+    @property
+    def keys_raw(self) -> memoryview:
+        return self._keys_raw
+
+    @property
+    def properties(self) -> tuple[tuple[str, bytes], ...]:
+        return decode_properties(self._properties_raw)
+
+    def __repr__(self) -> str:
+        body_len = -1 if self.body is None else len(self.body)
+        return (
+            f"Record(topic={self.topic!r}, queue_id={self.queue_id}, "
+            f"queue_offset={self.queue_offset}, physical_offset={self.physical_offset}, "
+            f"size={self.size}, store_ts_ms={self.store_ts_ms}, body_len={body_len})"
+        )
+
+
+def read_prefix(buffer: Any, position: int, limit: int, path: str) -> tuple[int, int]:
+    """Read and check (total_size, magic) at ``position``; do not verify the checksum.
+
+    Args:
+        buffer: the whole file's bytes (a mapping or a view).
+        position: the record start inside the file.
+        limit: the end of readable bytes inside the file.
+        path: the file, for errors.
+
+    Raises:
+        CorruptDataError: the prefix is cut off, the magic is unknown or the size is
+            impossible.
+    """
+    if position + BLANK_SIZE > limit:
+        raise CorruptDataError(path, position, "record prefix cut off")
+    total_size, magic, _ = PREFIX.unpack_from(buffer, position)
+    if magic == MESSAGE_MAGIC:
+        minimum = HEADER_SIZE
+    elif magic == BLANK_MAGIC:
+        minimum = BLANK_SIZE
+    else:
+        raise CorruptDataError(path, position, f"bad magic 0x{magic:08x}")
+    if total_size < minimum or position + total_size > limit:
+        raise CorruptDataError(path, position, f"impossible total size {total_size}")
+    return total_size, magic
+
+
+def decode(buffer: Any, position: int, limit: int, path: str, file_start: int) -> Record | None:
+    """Decode and fully verify the record at ``position`` of a file.
+
+    Args:
+        buffer: the whole file's bytes.
+        position: the record start inside the file.
+        limit: the end of readable bytes inside the file.
+        path: the file, for errors.
+        file_start: the file's physical start offset; a record whose stored
+            physical offset differs is stale or misplaced, hence corrupt.
+
+    Returns:
+        The record, or None for an end-of-file blank record.
+
+    Raises:
+        CorruptDataError: anything about the record is wrong.
+    """
+    total_size, magic = read_prefix(buffer, position, limit, path)
+    (stored,) = _SEED_PREFIX.unpack_from(buffer, position + CHECKSUM_OFFSET)
+    if magic == BLANK_MAGIC:
+        # A blank record's checksum covers its 16-byte header only.
+        if _hash(b"", total_size | magic << 32) != stored:
+            raise CorruptDataError(path, position, "blank record checksum mismatch")
+        return None
+    view = memoryview(buffer)[position : position + total_size]
+    if _hash(view[HASHED_FROM:], total_size | magic << 32) != stored:
+        raise CorruptDataError(path, position, "checksum mismatch")
+    record = _decode_verified(view, total_size, path, position)
+    if record.physical_offset != file_start + position:
+        raise CorruptDataError(
+            path, position, f"record claims physical offset {record.physical_offset}"
+        )
+    return record
+
+
+def _decode_verified(view: memoryview, total_size: int, path: str, where: int) -> Record:
+    (
+        _,
+        _,
+        _,
+        queue_offset,
+        physical_offset,
+        born_ts_ms,
+        store_ts_ms,
+        queue_id,
+        flags,
+        body_len,
+        properties_len,
+        keys_len,
+        topic_len,
+        tag_len,
+    ) = HEADER.unpack_from(view, 0)
+    if HEADER_SIZE + topic_len + tag_len + keys_len + properties_len + body_len != total_size:
+        raise CorruptDataError(path, where, "section lengths do not add up to the total size")
+    if flags & ~FLAGS_KNOWN:
+        raise CorruptDataError(path, where, f"unknown flags 0x{flags:x}")
+    cursor = HEADER_SIZE
+    try:
+        topic = str(view[cursor : cursor + topic_len], "ascii")
+        cursor += topic_len
+        tag = str(view[cursor : cursor + tag_len], "utf-8") if tag_len else None
+    except UnicodeDecodeError:
+        raise CorruptDataError(path, where, "topic or tag is not valid text") from None
+    cursor += tag_len
+    keys_raw = view[cursor : cursor + keys_len]
+    cursor += keys_len
+    properties_raw = view[cursor : cursor + properties_len]
+    cursor += properties_len
+    body = None if flags & FLAG_NULL_BODY else view[cursor:total_size]
+    return Record(
+        total_size,
+        queue_offset,
+        physical_offset,
+        born_ts_ms,
+        store_ts_ms,
+        queue_id,
+        flags,
+        topic,
+        tag,
+        keys_raw,
+        properties_raw,
+        body,
+    )

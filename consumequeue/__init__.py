@@ -1,0 +1,1 @@
+"""consumequeue package."""

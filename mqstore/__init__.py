@@ -1,0 +1,1 @@
+"""mqstore: an embedded, persistent message store."""

@@ -1,0 +1,252 @@
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+
+import pytest
+
+from commitlog.commitlog import BATCH_MESSAGES_MAX, CommitLog
+from commitlog.config import CommitLogConfig
+from commitlog.errors import (
+    DiskFullError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+)
+from commitlog.record import BLANK_MAGIC, PREFIX
+
+FILE = 64 * 1024
+
+
+def _file_names(tmp_path):
+    return sorted(name for name in os.listdir(tmp_path / "commitlog") if name.isdigit())
+
+
+def test_append_returns_offsets_and_reads_back(open_log):
+    log = open_log()
+    first = log.append("orders", 0, b"hello", keys=["k1", "k2"], tag="TagA", properties={"p": "v"})
+    second = log.append("orders", 0, b"world", born_ts_ms=1234)
+    other = log.append("orders", 1, b"!")
+    assert (first.physical_offset, first.queue_offset) == (0, 0)
+    assert second.physical_offset == first.size
+    assert second.queue_offset == 1
+    assert other.queue_offset == 0
+    assert second.store_timestamp_ms >= first.store_timestamp_ms
+    record = log.record_at(first.physical_offset)
+    assert bytes(record.body) == b"hello"
+    assert record.keys == ("k1", "k2")
+    assert record.tag == "TagA"
+    assert record.properties == (("p", b"v"),)
+    assert log.record_at(second.physical_offset).born_ts_ms == 1234
+    view = log.read(first.physical_offset, first.size)
+    assert isinstance(view, memoryview)
+    assert view.obj is log.files()[0].mapping  # zero-copy: a view on the mapping itself
+    assert bytes(view[-5:]) == b"hello"
+
+
+def test_rolls_with_blank_records_and_reads_across_files(open_log, tmp_path):
+    log = open_log()
+    body = b"b" * 1000
+    results = [log.append("t", 0, body) for _ in range(300)]  # ~320 KB over 64 KiB files
+    assert log.file_count >= 5
+    for result in results:  # no record spans a file
+        start_file = result.physical_offset // FILE
+        assert (result.physical_offset + result.size - 1) // FILE == start_file
+    # Each full file ends with a blank record right after its last message.
+    by_file: dict[int, int] = {}
+    for result in results:
+        by_file[result.physical_offset // FILE] = result.physical_offset + result.size
+    for file_index in sorted(by_file)[:-1]:
+        end = by_file[file_index]
+        mapped = log.files()[file_index]
+        total, magic, _ = PREFIX.unpack_from(mapped.mapping, end - mapped.start_offset)
+        assert magic == BLANK_MAGIC
+        assert end + total == mapped.start_offset + FILE
+    records = list(log.iter_records(0))
+    assert [r.queue_offset for r in records] == list(range(300))
+    assert all(bytes(r.body) == body for r in records)
+    assert _file_names(tmp_path)[0] == "0" * 20
+
+
+def test_batch_append_dense_offsets_across_files(open_log):
+    log = open_log()
+    log.append("t", 5, b"first")
+    result = log.append_batch(
+        "t",
+        5,
+        [bytes([i % 256]) * 700 for i in range(400)],
+        keys=[[f"k{i}"] for i in range(400)],
+        tags="T",
+    )
+    assert result.first_queue_offset == 1
+    assert len(result) == 400
+    records = [log.record_at(int(p)) for p in result.physical_offsets]
+    assert [r.queue_offset for r in records] == list(range(1, 401))
+    assert records[17].keys == ("k17",)
+    assert records[17].tag == "T"
+    assert bytes(records[399].body) == bytes([399 % 256]) * 700
+    assert log.append("t", 5, b"next").queue_offset == 401
+
+
+def test_eight_producer_threads_no_overlap_dense_offsets(open_log):
+    log = open_log()
+    per_thread = 400
+    results: dict[int, list] = {}
+
+    def produce(thread_index: int) -> None:
+        mine = []
+        for i in range(per_thread):
+            body = f"{thread_index}:{i}".encode()
+            mine.append((body, log.append("shared", 0, body)))
+        results[thread_index] = mine
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = [item for mine in results.values() for item in mine]
+    assert sorted(r.queue_offset for _, r in everything) == list(range(8 * per_thread))
+    spans = sorted((r.physical_offset, r.physical_offset + r.size) for _, r in everything)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end  # no overlap
+    for body, result in everything:
+        record = log.record_at(result.physical_offset)
+        assert bytes(record.body) == body
+        assert record.queue_offset == result.queue_offset
+    # Each thread saw its own offsets increase: appends are ordered.
+    for mine in results.values():
+        offsets = [r.queue_offset for _, r in mine]
+        assert offsets == sorted(offsets)
+    stamps = [r.store_ts_ms for r in log.iter_records(0)]
+    assert stamps == sorted(stamps)  # the store timestamp never decreases in file order
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda log: log.append("t", 0, b"x" * (FILE)), LimitExceededError),
+        (lambda log: log.append("", 0, b"x"), InvalidArgumentError),
+        (lambda log: log.append("a/b", 0, b"x"), InvalidArgumentError),
+        (lambda log: log.append("..", 0, b"x"), InvalidArgumentError),
+        (lambda log: log.append("a\x00b", 0, b"x"), InvalidArgumentError),
+        (lambda log: log.append("x" * 128, 0, b"x"), InvalidArgumentError),
+        (lambda log: log.append("t", 0, "text"), InvalidTypeError),
+        (lambda log: log.append("t", 0, 12), InvalidTypeError),
+        (lambda log: log.append("t", -1, b"x"), InvalidArgumentError),
+        (lambda log: log.append("t", 2**31, b"x"), InvalidArgumentError),
+        (lambda log: log.append("t", "0", b"x"), InvalidTypeError),
+        (lambda log: log.append("t", True, b"x"), InvalidTypeError),
+        (lambda log: log.append("t", 0, b"x", born_ts_ms=-5), InvalidArgumentError),
+        (lambda log: log.append("t", 0, b"x", keys=[""]), InvalidArgumentError),
+        (lambda log: log.append_batch("t", 0, [b"ok", "bad"]), InvalidTypeError),
+        (lambda log: log.append_batch("t", 0, [b"ok", b"x" * FILE]), LimitExceededError),
+        (lambda log: log.append_batch("t", 0, [b"a"], keys=[["k"], ["j"]]), InvalidArgumentError),
+        (
+            lambda log: log.append_batch("t", 0, [b""] * (BATCH_MESSAGES_MAX + 1)),
+            LimitExceededError,
+        ),
+    ],
+)
+def test_bad_input_is_typed_and_leaves_the_log_unchanged(open_log, call, error):
+    log = open_log()
+    log.append("t", 0, b"before")
+    position, offsets = log.write_position, log.queue_offsets()
+    with pytest.raises(error):
+        call(log)
+    assert log.write_position == position
+    assert log.queue_offsets() == offsets
+    assert [bytes(r.body) for r in log.iter_records(0)] == [b"before"]
+    assert log.append("t", 0, b"after").queue_offset == 1
+
+
+def test_largest_allowed_record_fits(open_log):
+    log = open_log()
+    limit = log.config.record_size_limit_bytes
+    body = b"z" * (limit - 68 - 1)
+    result = log.append("t", 0, body)
+    assert result.size == limit
+    assert bytes(log.record_at(result.physical_offset).body) == body
+
+
+def test_read_out_of_range(open_log):
+    log = open_log()
+    result = log.append("t", 0, b"x")
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(result.physical_offset, result.size + 1)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(-1, 4)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.record_at(10 * FILE)
+
+
+def test_tombstone_body_none(open_log):
+    log = open_log()
+    result = log.append("t", 0, None, keys=["gone"])
+    assert log.record_at(result.physical_offset).body is None
+
+
+def test_closed_log_refuses_appends(open_log):
+    log = open_log()
+    log.close()
+    with pytest.raises(StoreClosedError):
+        log.append("t", 0, b"x")
+
+
+def test_reject_writes_then_resume(open_log):
+    log = open_log()
+    log.reject_writes("disk usage 91% >= 90%")
+    with pytest.raises(DiskFullError, match="91%"):
+        log.append("t", 0, b"x")
+    log.reject_writes(None)
+    assert log.append("t", 0, b"x").queue_offset == 0
+
+
+def test_reopen_continues_queue_offsets(tmp_path, small_config):
+    directory = str(tmp_path / "commitlog")
+    log = CommitLog.open(directory, small_config)
+    for i in range(200):
+        log.append("t", i % 3, b"m" * 500)
+    end = log.write_position
+    log.close()
+    log = CommitLog.open(directory, small_config)
+    try:
+        assert log.write_position == end
+        assert log.append("t", 0, b"x").queue_offset == 67
+        assert log.append("t", 2, b"x").queue_offset == 66
+        assert log.append("new", 0, b"x").queue_offset == 0
+    finally:
+        log.close()
+
+
+def test_queue_offset_loader_is_asked_for_unseen_queues(tmp_path, small_config):
+    asked = []
+
+    def loader(topic, queue_id):
+        asked.append((topic, queue_id))
+        return 41
+
+    log = CommitLog.open(
+        str(tmp_path / "cl"), small_config, recover_from=0, queue_offset_loader=loader
+    )
+    try:
+        assert log.append("t", 3, b"x").queue_offset == 41
+        assert log.append("t", 3, b"x").queue_offset == 42
+        assert asked == [("t", 3)]
+    finally:
+        log.close()
+
+
+def test_config_bounds():
+    from commitlog.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        CommitLogConfig(file_size_bytes=1000)
+    with pytest.raises(ConfigError):
+        CommitLogConfig(file_size_bytes=65 * 1024 + 1)
+    with pytest.raises(ConfigError):
+        CommitLogConfig(flush_mode="sometimes")
+    assert CommitLogConfig(file_size_bytes=FILE).record_size_limit_bytes == FILE - 16

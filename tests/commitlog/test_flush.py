@@ -1,0 +1,151 @@
+"""Flush policies, checked with counting and blocking syncers, never with sleeps."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from commitlog.commitlog import CommitLog
+from commitlog.config import CommitLogConfig
+from commitlog.errors import FlushTimeoutError
+from commitlog.mapped_file import MappedFile
+
+FILE = 64 * 1024
+
+
+class GatedSyncer:
+    """A syncer that counts calls and blocks each one until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.durable_positions: list[int] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.log: CommitLog | None = None
+
+    def __call__(self, mapped: MappedFile) -> None:
+        self.entered.set()
+        assert self.gate.wait(10), "test never opened the gate"
+        MappedFile.flush(mapped)
+        self.calls += 1
+
+
+def _sync_log(tmp_path, syncer, timeout_ms=5_000) -> CommitLog:
+    config = CommitLogConfig(
+        file_size_bytes=FILE, prewarm=False, flush_mode="sync", sync_flush_timeout_ms=timeout_ms
+    )
+    return CommitLog.open(str(tmp_path / "cl"), config, syncer=syncer)
+
+
+def test_sync_put_returns_only_after_the_sync(tmp_path):
+    syncer = GatedSyncer()
+    syncer.gate.set()  # let open's recovery sync (if any) through
+    log = _sync_log(tmp_path, syncer)
+    syncer.gate.clear()
+    syncer.entered.clear()
+    calls_before = syncer.calls
+    done = threading.Event()
+    results = []
+
+    def put() -> None:
+        results.append(log.append("t", 0, b"durable"))
+        done.set()
+
+    producer = threading.Thread(target=put)
+    producer.start()
+    assert syncer.entered.wait(10)  # the flush has started...
+    assert not done.is_set()  # ...and the put has not returned
+    assert log.flushed_position < log.write_position
+    syncer.gate.set()
+    producer.join(10)
+    assert done.is_set()
+    assert syncer.calls > calls_before
+    assert log.flushed_position >= results[0].physical_offset + results[0].size
+    log.close()
+
+
+def test_group_commit_one_sync_covers_many_waiting_producers(tmp_path):
+    syncer = GatedSyncer()
+    syncer.gate.set()
+    log = _sync_log(tmp_path, syncer)
+    syncer.gate.clear()
+    syncer.entered.clear()
+    # Producer 0 starts a flush that blocks; while it blocks, 7 more producers append
+    # and wait. When the gate opens, the blocked flush completes (covering producer 0)
+    # and ONE more flush covers all 7 others.
+    first = threading.Thread(target=lambda: log.append("t", 0, b"first"))
+    first.start()
+    assert syncer.entered.wait(10)
+    others = [threading.Thread(target=lambda i=i: log.append("t", 0, b"x%d" % i)) for i in range(7)]
+    for thread in others:
+        thread.start()
+    # Wait until all 7 have appended (their records are in the log) before opening the gate.
+    for _ in range(1000):
+        if log.queue_offsets().get(("t", 0)) == 8:
+            break
+        threading.Event().wait(0.005)
+    assert log.queue_offsets()[("t", 0)] == 8
+    group = log._flusher
+    flushes_before = group.flush_count
+    syncer.gate.set()
+    first.join(10)
+    for thread in others:
+        thread.join(10)
+    assert all(not thread.is_alive() for thread in [first, *others])
+    assert group.flush_count - flushes_before <= 2  # 8 producers, at most 2 groups
+    assert log.flushed_position == log.write_position
+    log.close()
+
+
+def test_sync_flush_timeout_raises(tmp_path):
+    syncer = GatedSyncer()
+    syncer.gate.set()
+    log = _sync_log(tmp_path, syncer, timeout_ms=50)
+    syncer.gate.clear()
+    with pytest.raises(FlushTimeoutError):
+        log.append("t", 0, b"never durable in time")
+    syncer.gate.set()
+    log.close()
+    assert log.flushed_position == log.write_position  # close still flushed it
+
+
+def test_failing_sync_times_out_with_the_cause_and_recovers(tmp_path):
+    failures = {"left": 3}
+
+    def flaky(mapped: MappedFile) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(5, "Input/output error")
+        MappedFile.flush(mapped)
+
+    config = CommitLogConfig(
+        file_size_bytes=FILE, prewarm=False, flush_mode="sync", sync_flush_timeout_ms=2_000
+    )
+    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=flaky)
+    result = log.append("t", 0, b"eventually durable")  # the service retries after a failure
+    assert log.flushed_position >= result.physical_offset + result.size
+    log.close()
+
+
+def test_async_flush_by_least_pages(tmp_path):
+    synced = threading.Event()
+
+    def syncer(mapped: MappedFile) -> None:
+        MappedFile.flush(mapped)
+        synced.set()
+
+    config = CommitLogConfig(
+        file_size_bytes=1 << 20,
+        prewarm=False,
+        flush_interval_ms=5,
+        flush_least_pages=4,
+        flush_thorough_interval_ms=3_600_000,
+    )
+    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=syncer)
+    log.append("t", 0, b"small")  # < 4 pages: no flush (thorough interval is an hour)
+    assert not synced.wait(0.1)
+    assert log.flushed_position == 0
+    log.append_batch("t", 0, [b"x" * 4096] * 5)  # > 4 pages dirty
+    assert synced.wait(5)
+    log.close()

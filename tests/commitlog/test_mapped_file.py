@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from commitlog.errors import CorruptDataError
+from commitlog.mapped_file import MappedFile, file_name, parse_file_name
+
+
+def test_names_are_20_digits_and_sort_numerically():
+    names = [file_name(n) for n in (0, 1 << 30, 5 << 30)]
+    assert names == sorted(names)
+    assert all(len(n) == 20 for n in names)
+    assert [parse_file_name(n) for n in names] == [0, 1 << 30, 5 << 30]
+    assert parse_file_name("abc") is None
+    assert parse_file_name("0" * 19 + "x") is None
+
+
+@pytest.mark.parametrize("prewarm", [False, True])
+def test_create_allocates_full_size_zeroed(tmp_path, prewarm):
+    mapped = MappedFile.create(str(tmp_path), 0, 128 * 1024, prewarm, lock_memory=False)
+    try:
+        assert os.path.getsize(mapped.path) == 128 * 1024
+        assert os.stat(mapped.path).st_blocks * 512 >= 128 * 1024  # really allocated
+        assert mapped.mapping[:] == b"\0" * (128 * 1024)
+        assert not any(n.endswith(".allocating") for n in os.listdir(tmp_path))
+    finally:
+        mapped.close()
+
+
+def test_mlock_does_not_break_create(tmp_path):
+    mapped = MappedFile.create(str(tmp_path), 0, 64 * 1024, True, lock_memory=True)
+    mapped.mapping[0:3] = b"abc"
+    mapped.close()
+
+
+def test_zero_from_only_writes_non_zero_chunks(tmp_path):
+    mapped = MappedFile.create(str(tmp_path), 0, 64 * 1024, False, lock_memory=False)
+    mapped.mapping[100:110] = b"x" * 10
+    assert mapped.zero_from(105) > 0
+    assert mapped.mapping[100:105] == b"xxxxx"
+    assert mapped.mapping[105:110] == b"\0" * 5
+    assert mapped.zero_from(0 + 200) == 0
+    mapped.close()
+
+
+def test_wrong_size_is_corrupt(tmp_path):
+    path = tmp_path / file_name(0)
+    path.write_bytes(b"\0" * 1000)
+    with pytest.raises(CorruptDataError, match="expected 4096"):
+        MappedFile(str(path), 0, 4096, read_only=True)
+
+
+def test_close_with_a_live_view_defers_unmap(tmp_path):
+    mapped = MappedFile.create(str(tmp_path), 0, 64 * 1024, False, lock_memory=False)
+    mapped.mapping[0:5] = b"hello"
+    view = memoryview(mapped.mapping)[0:5]
+    mapped.close()  # must not raise BufferError
+    assert bytes(view) == b"hello"
+    view.release()
