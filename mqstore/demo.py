@@ -61,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         count += 1
         body_bytes += len(record.body) if record.body is not None else 0
     read = time.perf_counter()
-    print(
-        f"reopened in {(reopened - started) * 1e3:.1f} ms (recovery scan, end {log.write_position:,})"
-    )
+    took_ms = (reopened - started) * 1e3
+    print(f"reopened in {took_ms:.1f} ms (recovery scan, end {log.write_position:,})")
     print(
         f"read back {count:,} verified records ({body_bytes:,} body bytes) in "
         f"{(read - reopened):.2f} s ({count / (read - reopened):,.0f} msg/s)"
