@@ -27,11 +27,19 @@ log = logging.getLogger(__name__)
 class AllocationService:
     """One background thread that builds the next file of one CommitLog directory."""
 
-    def __init__(self, directory: str, file_size_bytes: int, prewarm: bool, mlock: bool) -> None:
+    def __init__(
+        self,
+        directory: str,
+        file_size_bytes: int,
+        prewarm: bool,
+        mlock: bool,
+        write_back: bool = False,
+    ) -> None:
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.prewarm = prewarm
         self.mlock = mlock
+        self.write_back = write_back
         self._condition = threading.Condition()
         self._requested: int | None = None
         self._ready: dict[int, MappedFile] = {}
@@ -71,7 +79,12 @@ class AllocationService:
     def _build(self, start_offset: int) -> MappedFile:
         started_ns = time.perf_counter_ns()
         mapped = MappedFile.create(
-            self.directory, start_offset, self.file_size_bytes, self.prewarm, self.mlock
+            self.directory,
+            start_offset,
+            self.file_size_bytes,
+            self.prewarm,
+            self.mlock,
+            self.write_back,
         )
         self.allocate_ns.append(time.perf_counter_ns() - started_ns)
         return mapped

@@ -129,6 +129,7 @@ class CommitLog:
         self._reject_reason: str | None = None
         self._record_size_limit_bytes = config.record_size_limit_bytes
         self._closed = False
+        self._sealed = False
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
 
     # ------------------------------------------------------------------ open / close
@@ -180,7 +181,11 @@ class CommitLog:
     def _start_services(self) -> None:
         config = self.config
         self._allocator = AllocationService(
-            self.directory, config.file_size_bytes, config.prewarm, config.mlock
+            self.directory,
+            config.file_size_bytes,
+            config.prewarm,
+            config.mlock,
+            write_back=config.flush_mode == "sync",
         )
         if self._current is None or self._write_position == self._current_end():
             self._current = self._take_file(self._write_position)
@@ -195,18 +200,39 @@ class CommitLog:
                 config.flush_thorough_interval_ms,
             )
 
+    def seal(self) -> None:
+        """Refuse further appends and flush what was appended; reads still work."""
+        with self._lock:
+            self._sealed = True
+        if not self.read_only:
+            self.flush_to(self._write_position)
+
     def close(self) -> None:
         """Flush everything, stop the services and unmap the files."""
         if self._closed:
             return
         with self._lock:
             self._closed = True
+            self._sealed = True
         if self._flusher is not None:
             self._flusher.close()
         if self._allocator is not None:
             self._allocator.close()
         if not self.read_only:
             self.flush_to(self._write_position)
+        self._files.close()
+
+    def _crash(self) -> None:
+        """Stop the services without the final flush (fault tests only)."""
+        with self._lock:
+            self._closed = True
+            self._sealed = True
+        if self._allocator is not None:
+            self._allocator.close()
+        if self._flusher is not None:
+            self._flusher.close()  # the async loop exits without a last flush
+        self._flusher = None
+        self.read_only = True  # a later close() must not flush
         self._files.close()
 
     # ------------------------------------------------------------------ recovery
@@ -303,7 +329,8 @@ class CommitLog:
     # ------------------------------------------------------------------ append
 
     def set_append_listener(self, listener: Callable[[], None] | None) -> None:
-        """Called (outside the lock) after every append: the dispatcher's wake-up."""
+        """Called (outside the lock) after every append and every flush: the
+        dispatcher's wake-up."""
         self._append_listener = listener
 
     def reject_writes(self, reason: str | None) -> None:
@@ -510,7 +537,7 @@ class CommitLog:
         return encoded
 
     def _check_writable(self) -> None:
-        if self._closed:
+        if self._sealed:
             raise StoreClosedError("the CommitLog is closed")
         if self.read_only:
             raise ReadOnlyStoreError("the CommitLog is open read-only")
@@ -638,6 +665,14 @@ class CommitLog:
             position += record.size
             yield record
 
+    def file_for(self, position: int) -> MappedFile:
+        """The mapped file holding physical ``position`` (O(1)).
+
+        Raises:
+            OffsetOutOfRangeError: no file of the log holds it.
+        """
+        return self._find(position)
+
     def _find(self, position: int) -> MappedFile:
         try:
             return self._files.find(position)
@@ -661,6 +696,9 @@ class CommitLog:
                 if file_end > start and mapped.start_offset < position:
                     self._syncer(mapped)
             self._flushed_position = position
+        listener = self._append_listener
+        if listener is not None:  # sync mode: newly durable bytes may now be dispatched
+            listener()
 
     def wait_durable(self, position: int) -> None:
         """Sync mode: block until ``position`` is durable. Async mode: flush now."""

@@ -382,6 +382,10 @@ class Record:
         return self._keys_raw
 
     @property
+    def properties_raw(self) -> memoryview:
+        return self._properties_raw
+
+    @property
     def properties(self) -> tuple[tuple[str, bytes], ...]:
         return decode_properties(self._properties_raw)
 

@@ -103,11 +103,33 @@ def test_sync_flush_timeout_raises(tmp_path):
     syncer.gate.set()
     log = _sync_log(tmp_path, syncer, timeout_ms=50)
     syncer.gate.clear()
+    syncer.entered.clear()
+    # A first writer leads a flush that hangs (a stalled disk)...
+    leader = threading.Thread(target=lambda: log.append("t", 0, b"leader"))
+    leader.start()
+    assert syncer.entered.wait(10)
+    # ...so a second writer cannot become durable in time.
     with pytest.raises(FlushTimeoutError):
         log.append("t", 0, b"never durable in time")
     syncer.gate.set()
+    leader.join(10)
     log.close()
     assert log.flushed_position == log.write_position  # close still flushed it
+
+
+def test_flush_failing_until_the_deadline_raises_with_the_cause(tmp_path):
+    def broken(mapped: MappedFile) -> None:
+        raise OSError(5, "Input/output error")
+
+    config = CommitLogConfig(
+        file_size_bytes=FILE, prewarm=False, flush_mode="sync", sync_flush_timeout_ms=100
+    )
+    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=MappedFile.flush)
+    log._syncer = broken
+    with pytest.raises(FlushTimeoutError, match="Input/output error"):
+        log.append("t", 0, b"x")
+    log._syncer = MappedFile.flush
+    log.close()
 
 
 def test_failing_sync_times_out_with_the_cause_and_recovers(tmp_path):
