@@ -61,7 +61,7 @@ from commitlog.record import (
     validate_topic,
 )
 
-__all__ = ["AppendResult", "BatchAppendResult", "CommitLog"]
+__all__ = ["AppendResult", "BatchAppendResult", "BatchFeed", "CommitLog", "FeedEntry"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,29 @@ class AppendResult(NamedTuple):
     size: int
 
 
+_new_result = tuple.__new__  # builds a NamedTuple without its Python-level __new__
+
+FEED_ENTRIES_MAX = 1 << 16  # appends kept for the dispatcher; past it, it reads the log
+
+
+class BatchFeed(NamedTuple):
+    """One append_batch as the dispatcher sees it (``encoded`` from _encode_batch)."""
+
+    positions: np.ndarray
+    sizes: np.ndarray
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    store_ts_ms: int
+    encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]]
+
+
+#: What the dispatcher gets per append: a BatchFeed, or for one record the tuple
+#: (position, size, topic, queue_id, queue_offset, born_ts_ms, store_ts_ms, tag, keys)
+#: with tag and keys as their encoded bytes. It saves re-parsing what was just written.
+FeedEntry = Any
+
+
 @attrs.frozen
 class BatchAppendResult:
     """Where a batch landed: record i is at ``physical_offsets[i]`` with queue offset
@@ -94,8 +117,7 @@ class BatchAppendResult:
         return len(self.physical_offsets)
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+_time_ns = time.time_ns
 
 
 class CommitLog:
@@ -113,7 +135,7 @@ class CommitLog:
         self.config = config
         self.read_only = read_only
         self._syncer = syncer or MappedFile.flush
-        self._clock_ms = clock_ms or _wall_clock_ms
+        self._clock_ms = clock_ms  # None: the wall clock, read inline on the hot path
         self._files = MappedFileQueue(directory, config.file_size_bytes, read_only)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -127,6 +149,9 @@ class CommitLog:
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._append_listener: Callable[[], None] | None = None
         self._reject_reason: str | None = None
+        self._feed: list[FeedEntry] | None = None
+        self._feed_start = 0
+        self._feed_overflow = False
         self._record_size_limit_bytes = config.record_size_limit_bytes
         self._closed = False
         self._sealed = False
@@ -333,6 +358,30 @@ class CommitLog:
         dispatcher's wake-up."""
         self._append_listener = listener
 
+    def enable_feed(self) -> None:
+        """Start keeping, for the dispatcher, what each append wrote (see FeedEntry)."""
+        with self._lock:
+            self._feed = []
+            self._feed_start = self._write_position
+            self._feed_overflow = False
+
+    def take_feed(self) -> tuple[int, list[FeedEntry], int]:
+        """Hand over the appends kept since the last call.
+
+        Returns:
+            (start, entries, stop): ``entries`` describe, in log order, records from
+            physical ``start`` on; they may stop short of ``stop`` (the write position
+            now) when the feed overflowed, and then the dispatcher reads the rest from
+            the log itself.
+        """
+        with self._lock:
+            start, entries, stop = self._feed_start, self._feed, self._write_position
+            assert entries is not None, "enable_feed() first"
+            self._feed = []
+            self._feed_start = stop
+            self._feed_overflow = False
+        return start, entries, stop
+
     def reject_writes(self, reason: str | None) -> None:
         """Refuse appends with DiskFullError while ``reason`` is set (disk watermark)."""
         self._reject_reason = reason
@@ -392,7 +441,8 @@ class CommitLog:
             queue_offset = self._queue_offsets.get(key)
             if queue_offset is None:
                 queue_offset = self._load_queue_offset(topic, queue_id)
-            store_ts_ms = self._clock_ms()
+            clock = self._clock_ms
+            store_ts_ms = _time_ns() // 1_000_000 if clock is None else clock()
             if store_ts_ms < self._last_store_ts_ms:
                 store_ts_ms = self._last_store_ts_ms
             position = self._write_position
@@ -411,13 +461,23 @@ class CommitLog:
             self._queue_offsets[key] = queue_offset + 1
             self._write_position = position + size
             self._last_store_ts_ms = store_ts_ms
+            feed = self._feed
+            if feed is not None and not self._feed_overflow:
+                if len(feed) < FEED_ENTRIES_MAX:
+                    feed.append(
+                        (position, size, topic, queue_id, queue_offset,
+                         store_ts_ms if born_ts_ms is None else born_ts_ms, store_ts_ms,
+                         tag_bytes, keys_bytes)
+                    )  # fmt: skip
+                else:
+                    self._feed_overflow = True
         listener = self._append_listener
         if listener is not None:
             listener()
         flusher = self._flusher
         if type(flusher) is GroupCommitService:
             flusher.wait_durable(position + size)
-        return AppendResult(position, queue_offset, store_ts_ms, size)
+        return _new_result(AppendResult, (position, queue_offset, store_ts_ms, size))
 
     def append_batch(
         self,
@@ -453,7 +513,7 @@ class CommitLog:
             first_queue_offset = self._queue_offsets.get(key)
             if first_queue_offset is None:
                 first_queue_offset = self._load_queue_offset(topic, queue_id)
-            store_ts_ms = max(self._clock_ms(), self._last_store_ts_ms)
+            store_ts_ms = max(self.now_ms(), self._last_store_ts_ms)
             position = self._write_position
             current = self._current
             assert current is not None
@@ -481,6 +541,15 @@ class CommitLog:
             self._queue_offsets[key] = queue_offset
             self._write_position = position
             self._last_store_ts_ms = store_ts_ms
+            feed = self._feed
+            if feed is not None and not self._feed_overflow:
+                if len(feed) < FEED_ENTRIES_MAX:
+                    feed.append(
+                        BatchFeed(positions, sizes, topic, queue_id, first_queue_offset,
+                                  store_ts_ms, encoded)
+                    )  # fmt: skip
+                else:
+                    self._feed_overflow = True
         listener = self._append_listener
         if listener is not None:
             listener()
@@ -581,6 +650,11 @@ class CommitLog:
     def _current_end(self) -> int:
         assert self._current is not None
         return self._current.start_offset + self._current.size_bytes
+
+    def now_ms(self) -> int:
+        """The store clock, in ms."""
+        clock = self._clock_ms
+        return _time_ns() // 1_000_000 if clock is None else clock()
 
     # ------------------------------------------------------------------ read
 

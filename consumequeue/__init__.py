@@ -1,1 +1,20 @@
-"""consumequeue package."""
+"""ConsumeQueue: per-(topic, queue) indexes of 20-byte units into the CommitLog.
+
+Public surface: ``ConsumeQueueStore`` (all queues of a store), ``ConsumeQueue`` (one
+queue), ``ConsumeQueueConfig``, and the on-disk dtypes ``UNIT`` and ``TIMESTAMP``.
+See consumequeue.format for the layout and consumequeue.consume_queue for the rules.
+"""
+
+from consumequeue.config import ConsumeQueueConfig
+from consumequeue.consume_queue import ConsumeQueue
+from consumequeue.format import TIMESTAMP, UNIT
+from consumequeue.queue_store import QUEUE_ID_MAX, ConsumeQueueStore
+
+__all__ = [
+    "QUEUE_ID_MAX",
+    "TIMESTAMP",
+    "UNIT",
+    "ConsumeQueue",
+    "ConsumeQueueConfig",
+    "ConsumeQueueStore",
+]

@@ -1,1 +1,12 @@
-"""indexfile package."""
+"""The IndexFile: a hash index from ``topic#key`` to CommitLog physical offsets.
+
+``IndexService`` owns the files of one store (``<root>/index/``); ``IndexConfig``
+shapes new files; ``key_hash`` is the hash every entry stores. The on-disk format is
+declared in ``indexfile.format``.
+"""
+
+from indexfile.config import IndexConfig
+from indexfile.format import key_hash
+from indexfile.index_service import IndexService
+
+__all__ = ["IndexConfig", "IndexService", "key_hash"]

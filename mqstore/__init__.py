@@ -1,1 +1,65 @@
-"""mqstore: an embedded, persistent message store."""
+"""mqstore: an embedded, persistent message store in the design of RocketMQ's engine.
+
+from mqstore import MessageStore, StoreConfig
+
+with MessageStore.open("./data", StoreConfig(flush_mode="sync")) as store:
+    result = store.put("orders", 0, b"payload", keys=["order-1"])
+    messages = store.get("orders", 0, result.queue_offset, 10)
+"""
+
+from commitlog.errors import (
+    ConfigError,
+    CorruptDataError,
+    DiskFullError,
+    FlushTimeoutError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+    UnknownTopicError,
+)
+from mqstore.config import StoreConfig
+from mqstore.kafka import (
+    ConsumerRecord,
+    KafkaConsumer,
+    KafkaProducer,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    RecordMetadata,
+    TopicPartition,
+)
+from mqstore.message import Message, PutResult
+from mqstore.store import MessageStore
+from mqstore.topics import TopicConfig
+
+__all__ = [
+    "ConfigError",
+    "ConsumerRecord",
+    "CorruptDataError",
+    "DiskFullError",
+    "FlushTimeoutError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "KafkaConsumer",
+    "KafkaProducer",
+    "LimitExceededError",
+    "Message",
+    "MessageStore",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
+    "OffsetOutOfRangeError",
+    "PutResult",
+    "ReadOnlyStoreError",
+    "RecordMetadata",
+    "StoreClosedError",
+    "StoreConfig",
+    "StoreError",
+    "StoreLockedError",
+    "TopicConfig",
+    "TopicPartition",
+    "UnknownTopicError",
+]

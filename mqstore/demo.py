@@ -1,7 +1,12 @@
 """``make demo``: the main job on an embedded store in a local folder.
 
-Writes messages, closes, reopens (recovery), reads them back, and prints what
-happened with timings.
+1. A service produces order events into a topic through the Kafka-style producer
+   (per message and in batches), with keys, across several partitions.
+2. The store is closed and reopened (recovery from the checkpoint).
+3. A consumer group reads everything back, commits, and the demo checks the count.
+4. Look-ups: by partition offset, by key (the IndexFile), and by time.
+
+Every step prints what happened with its timing.
 """
 
 from __future__ import annotations
@@ -10,65 +15,104 @@ import argparse
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
+from mqstore import KafkaConsumer, KafkaProducer, MessageStore, StoreConfig, TopicPartition
 
-MESSAGES = 200_000
-BODY = b"x" * 100
+TOPIC = "orders"
+PARTITIONS = 8
+
+
+@contextmanager
+def step(label: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    print(f"  {label}: {(time.perf_counter() - started) * 1000:,.1f} ms")
+
+
+def produce(store: MessageStore, count: int) -> int:
+    producer = KafkaProducer(store, key_serializer=str.encode)
+    half = count // 2
+    with step(f"send {half:,} events one by one (key -> partition by murmur2)"):
+        for i in range(half):
+            producer.send(TOPIC, b'{"order": %d, "amount": 42}' % i, key=f"order-{i}")
+    rest = count - half
+    with step(f"send {rest:,} events in batches of 1,000 (put_batch)"):
+        for start in range(0, rest, 1000):
+            size = min(1000, rest - start)
+            partition = (start // 1000) % PARTITIONS
+            producer.send_batch(TOPIC, partition, [b'{"bulk": true}'] * size)
+    producer.close()
+    return count
+
+
+def consume(store: MessageStore, expected: int) -> None:
+    consumer = KafkaConsumer(
+        TOPIC, store=store, group_id="billing", auto_offset_reset="earliest",
+        enable_auto_commit=False, max_poll_records=5000,
+    )  # fmt: skip
+    seen = 0
+    with step(f"consume {expected:,} events with a consumer group, then commit"):
+        while seen < expected:
+            batch = consumer.poll(timeout_ms=1000)
+            if not batch:
+                break
+            seen += sum(len(records) for records in batch.values())
+        consumer.commit()
+    lag = sum(
+        end - (consumer.committed(tp) or 0)
+        for tp, end in consumer.end_offsets(consumer.assignment()).items()
+    )
+    print(f"  consumed {seen:,} events; lag after commit: {lag}")
+    assert seen == expected, f"expected {expected} events, consumed {seen}"
+    consumer.close()
+
+
+def look_up(store: MessageStore) -> None:
+    tp = TopicPartition(TOPIC, 3)
+    with step("read 100 events of partition 3 from offset 10"):
+        records = store.read_records(tp.topic, tp.partition, 10, 100)
+    print(f"  first: offset {records[0].offset}, value {records[0].value!r}")
+    with step("query key 'order-777' (IndexFile, checked against the record)"):
+        hits = store.query_by_key(TOPIC, "order-777", 0, 2**62, 10)
+    hit = hits[0]
+    print(f"  found {len(hits)} message(s): partition {hit.queue_id}, offset {hit.queue_offset}")
+    target = hits[0].store_timestamp_ms
+    with step("offsets_for_times on every partition"):
+        consumer = KafkaConsumer(store=store)
+        found = consumer.offsets_for_times(
+            {TopicPartition(TOPIC, p): target for p in range(PARTITIONS)}
+        )
+    print(f"  partition 0 -> {found[TopicPartition(TOPIC, 0)]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--path", default="./demo-data", help="store directory (recreated)")
-    parser.add_argument("--messages", type=int, default=MESSAGES)
+    parser.add_argument("--messages", type=int, default=200_000)
     args = parser.parse_args(argv)
     if os.path.exists(args.path):
         shutil.rmtree(args.path)
-    directory = os.path.join(args.path, "commitlog")
-    config = CommitLogConfig(file_size_bytes=64 << 20)
+    config = StoreConfig(commitlog_file_size_bytes=64 << 20, index_slot_count=500_000,
+                         index_entry_count=2_000_000)  # fmt: skip
 
-    started = time.perf_counter()
-    log = CommitLog.open(directory, config)
-    opened = time.perf_counter()
-    for i in range(args.messages // 2):
-        log.append("demo", i % 4, BODY, keys=[f"order-{i}"] if i % 1000 == 0 else ())
-    single = time.perf_counter()
-    half = args.messages - args.messages // 2
-    for start in range(0, half, 1000):
-        log.append_batch("demo", 4, [BODY] * min(1000, half - start))
-    batched = time.perf_counter()
-    end = log.write_position
-    log.close()
-    closed = time.perf_counter()
-    print(f"opened new store in {args.path} in {(opened - started) * 1e3:.1f} ms")
-    print(
-        f"appended {args.messages // 2:,} messages one by one in {(single - opened):.2f} s "
-        f"({args.messages // 2 / (single - opened):,.0f} msg/s)"
-    )
-    print(
-        f"appended {half:,} messages in batches of 1000 in {(batched - single):.2f} s "
-        f"({half / (batched - single):,.0f} msg/s)"
-    )
-    print(f"closed (flushed {end:,} bytes) in {(closed - batched) * 1e3:.1f} ms")
+    print(f"store: {os.path.abspath(args.path)}")
+    with step("open a new store"):
+        store = MessageStore.open(args.path, config)
+    store.create_topic(TOPIC, PARTITIONS)
+    produce(store, args.messages)
+    with step("close (flush, dispatch the tail, checkpoint)"):
+        store.close()
 
-    started = time.perf_counter()
-    log = CommitLog.open(directory, config)
-    reopened = time.perf_counter()
-    count = 0
-    body_bytes = 0
-    for record in log.iter_records(0):
-        count += 1
-        body_bytes += len(record.body) if record.body is not None else 0
-    read = time.perf_counter()
-    took_ms = (reopened - started) * 1e3
-    print(f"reopened in {took_ms:.1f} ms (recovery scan, end {log.write_position:,})")
-    print(
-        f"read back {count:,} verified records ({body_bytes:,} body bytes) in "
-        f"{(read - reopened):.2f} s ({count / (read - reopened):,.0f} msg/s)"
-    )
-    assert count == args.messages, f"expected {args.messages} records, read {count}"
-    log.close()
+    with step("reopen (recovery bounded by the checkpoint)"):
+        store = MessageStore.open(args.path, config)
+    print(f"  {store.stats()['commitlog_files']} CommitLog file(s), "
+          f"write position {store.commitlog.write_position:,} bytes")  # fmt: skip
+    consume(store, args.messages)
+    look_up(store)
+    store.close()
+    print("done")
     return 0
 
 

@@ -1,0 +1,785 @@
+"""One ConsumeQueue: the 20-byte units of one (topic, queue id), and their timestamps.
+
+Format: see consumequeue.format. Queue offset n is unit n % units_per_file of unit file
+n // units_per_file; its timestamp sits at the same index of the file's time file.
+
+Invariants (of the files on disk and of this object's state):
+- The queue's files are contiguous: file indexes ``[file_lo, file_hi)``.
+- The written units form one run ``[first_offset, max_offset)``. Units before
+  ``first_offset`` (only in the first file, after a queue began at offset N) and from
+  ``max_offset`` on are all-zero. ``max_offset`` is the next offset to write.
+- ``first_offset <= min_offset <= max_offset``. ``min_offset`` rises when retention
+  deletes the CommitLog below the queue's units (``correct_min_offset``).
+- Commitlog offsets strictly increase with queue offset (binary searches rely on it).
+- A unit's size field is written last: a non-zero size means the whole unit, its
+  timestamp and its block maximum are in place.
+
+Load: lazy, on the first use of a queue. The directory is listed; ``max_offset`` is
+found by a binary search over the newest file (O(log units_per_file)), ``first_offset``
+from the header of the oldest time file.
+
+Crash policy: units are rebuilt from the CommitLog by re-dispatch, so writes are
+idempotent: re-putting a stored unit is a no-op (it also repairs the unit's timestamp
+and block maximum), re-putting into an unwritten slot below max_offset fills it, and a
+different unit at a stored offset is a conflict (CorruptDataError). After CommitLog
+recovery, ``truncate_beyond_commitlog`` drops units that point past the log's end.
+
+Read-only queues (another process writes) see new units through the shared page cache;
+they re-check max_offset whenever asked at or past the max they know, and reload when
+retention removed a file under them.
+
+Threading: every method holds the store lock (an RLock shared with the file cache).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from consumequeue.format import (
+    TIMESTAMP,
+    TIMESTAMP_SIZE_BYTES,
+    UNIT,
+    UNIT_SIZE_BYTES,
+    block_max_position_bytes,
+)
+from consumequeue.mapped_file import block_maxima
+from consumequeue.queue_files import QueueContext, QueueFiles
+from consumequeue.time_index import TimeIndex
+from consumequeue.unit_batch import (
+    INT64_MAX,
+    INT64_MIN,
+    QUEUE_OFFSET_MAX,
+    SIZE_MAX_BYTES,
+    UnitBatch,
+    check_int,
+)
+
+__all__ = ["ConsumeQueue"]
+
+
+class ConsumeQueue:
+    """The units of one (topic, queue id). Obtain it from ``ConsumeQueueStore.queue``.
+
+    Attributes:
+        topic: the topic name.
+        queue_id: the queue number within the topic.
+        directory: ``<consumequeue dir>/<topic>/<queue_id>``.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_file_hi",
+        "_file_lo",
+        "_files",
+        "_first_offset",
+        "_last_commitlog_offset",
+        "_loaded",
+        "_max_offset",
+        "_min_offset",
+        "_time_index",
+        "_upf",
+        "directory",
+        "queue_id",
+        "topic",
+    )
+    _file_lo: int  # oldest file index
+    _file_hi: int  # newest file index + 1
+    _first_offset: int  # first unit written on disk
+    _min_offset: int
+    _max_offset: int
+    _last_commitlog_offset: int | None  # of the unit at max_offset - 1
+    _time_index: TimeIndex | None  # built on the first offset_for_time
+
+    def __init__(
+        self,
+        context: QueueContext,
+        topic: str,
+        queue_id: int,
+        directory: str,
+        serial: int,
+        *,
+        known_empty: bool = False,
+    ) -> None:
+        """Built by the store. ``known_empty``: the writer knows the directory is absent,
+        so the queue starts loaded and empty without listing it."""
+        self._ctx = context
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = directory
+        self._files = QueueFiles(context, directory, serial)
+        self._upf = context.config.units_per_file
+        self._loaded = known_empty
+        self._set_empty(0)
+
+    def __repr__(self) -> str:
+        return f"ConsumeQueue({self.topic!r}, {self.queue_id})"
+
+    # ----------------------------------------------------------------- offsets
+
+    @property
+    def min_offset(self) -> int:
+        """The first readable queue offset."""
+        with self._ctx.lock:
+            self._enter()
+            if self._ctx.read_only:
+                self._refresh_min()
+            return self._min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset to write (Kafka's "latest"); re-checked when read-only."""
+        with self._ctx.lock:
+            self._enter()
+            if self._ctx.read_only:
+                self._refresh_max()
+            return self._max_offset
+
+    def refresh(self) -> None:
+        """Re-read the queue's files (read-only queues: see the writer's latest state).
+
+        A writable queue's state is authoritative; this is a no-op for it.
+        """
+        with self._ctx.lock:
+            self._check_open()
+            if self._ctx.read_only:
+                self._load()
+
+    # ----------------------------------------------------------------- writes
+
+    def put(
+        self, queue_offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
+    ) -> None:
+        """Write one unit at ``queue_offset`` (idempotent; see the module docstring).
+
+        Raises:
+            InvalidArgumentError: a gap (``queue_offset > max_offset`` in a queue that has
+                units), a commitlog offset not above the previous unit's, a value out of
+                range (size 1..2**31-1, offsets and timestamp >= 0).
+            CorruptDataError: a different unit is stored at ``queue_offset``.
+            OffsetOutOfRangeError: ``queue_offset`` lies in a file retention deleted.
+            ReadOnlyStoreError, StoreClosedError, DiskFullError.
+        """
+        queue_offset = check_int("queue_offset", queue_offset, 0, QUEUE_OFFSET_MAX)
+        commitlog_offset = check_int("commitlog_offset", commitlog_offset, 0, INT64_MAX)
+        size = check_int("size", size, 1, SIZE_MAX_BYTES)
+        tag_hash = check_int("tag_hash", tag_hash, INT64_MIN, INT64_MAX)
+        timestamp_ms = check_int("timestamp_ms", timestamp_ms, 0, INT64_MAX)
+        with self._ctx.lock:
+            self._enter_for_write()
+            if self._first_offset == self._max_offset:
+                self._start_at(queue_offset)
+            elif queue_offset < self._max_offset:
+                self._reput_one(queue_offset, commitlog_offset, size, tag_hash, timestamp_ms)
+                return
+            elif queue_offset > self._max_offset:
+                raise InvalidArgumentError(
+                    f"{self}: put at queue offset {queue_offset} would leave a gap after "
+                    f"max offset {self._max_offset}"
+                )
+            self._check_commitlog_order(commitlog_offset)
+            self._append_one(queue_offset, commitlog_offset, size, tag_hash, timestamp_ms)
+
+    def put_batch(
+        self,
+        first_queue_offset: int,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+        timestamps_ms: np.ndarray,
+    ) -> None:
+        """Write units at ``first_queue_offset, first_queue_offset + 1, ...``.
+
+        The part below max_offset is checked like ``put`` (stored units must match,
+        unwritten slots are filled); the rest is appended, file by file. Everything is
+        validated before the first byte is written.
+
+        Raises:
+            As ``put``; also InvalidArgumentError for arrays that are not 1-D integer
+            arrays of one length, or commitlog offsets that do not strictly increase.
+        """
+        first = check_int("first_queue_offset", first_queue_offset, 0, QUEUE_OFFSET_MAX)
+        batch = UnitBatch.of(commitlog_offsets, sizes, tag_hashes, timestamps_ms)
+        if first + len(batch) > QUEUE_OFFSET_MAX:
+            raise InvalidArgumentError(f"batch ends past queue offset {QUEUE_OFFSET_MAX}")
+        if not len(batch):
+            return
+        with self._ctx.lock:
+            self._enter_for_write()
+            if self._first_offset == self._max_offset:
+                self._start_at(first)
+            elif first > self._max_offset:
+                raise InvalidArgumentError(
+                    f"{self}: batch at queue offset {first} would leave a gap after max "
+                    f"offset {self._max_offset}"
+                )
+            overlap = min(len(batch), self._max_offset - first)
+            assert overlap >= 0
+            if overlap > 0:
+                self._check_reput_range(first, batch.head(overlap))
+            if overlap < len(batch):
+                self._check_commitlog_order(int(batch.commitlog_offsets[overlap]))
+            if overlap > 0:
+                self._reput_range(first, batch.head(overlap))
+            if overlap < len(batch):
+                self._write_units(self._max_offset, batch.tail(overlap))
+
+    def truncate(self, offset: int) -> None:
+        """Drop every unit at or above ``offset``: zero them in their file, delete files
+        that hold no unit below ``offset``. A truncation below every unit empties the
+        queue; its next put may then start anywhere.
+
+        Raises:
+            ReadOnlyStoreError, StoreClosedError.
+        """
+        offset = check_int("offset", offset, 0, QUEUE_OFFSET_MAX)
+        with self._ctx.lock:
+            self._enter_for_write()
+            self._truncate(offset)
+
+    def flush(self) -> None:
+        """Make this queue's writes durable (fdatasync of its dirty files, fsync of the
+        directories on its path). No-op when read-only."""
+        with self._ctx.lock:
+            self._check_open()
+        if not self._ctx.read_only:
+            self._ctx.cache.flush(self.directory)
+
+    # ----------------------------------------------------------------- reads
+
+    def get(self, offset: int) -> np.void:
+        """The unit at ``offset`` (a copy; fields commitlog_offset, size, tag_hash).
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` outside ``[min_offset, max_offset)``.
+            CorruptDataError: the unit is not written although it is below max_offset.
+        """
+        offset = check_int("offset", offset, 0, QUEUE_OFFSET_MAX)
+        with self._ctx.lock:
+            self._enter()
+            self._check_range(offset, offset + 1)
+            file_index, unit_in_file = divmod(offset, self._upf)
+            unit: np.void = self._files.units(file_index).units[unit_in_file].copy()
+            if unit["size"] <= 0:
+                self._raise_unwritten(file_index, unit_in_file, offset)
+            return unit
+
+    def get_range(self, start: int, max_units: int) -> np.ndarray:
+        """Up to ``max_units`` units from ``start``: a read-only view on the mapping.
+
+        The result stops at the end of the file that holds ``start`` (at most
+        units_per_file - start % units_per_file units) and at max_offset, so it is a
+        zero-copy view. It has at least one unit when ``start < max_offset`` and
+        ``max_units >= 1``, and none when ``start == max_offset``. The view stays valid
+        after its file is evicted from the cache or the store is closed (it keeps the
+        mapping, and one descriptor, alive until dropped). It is live: units below
+        max_offset never change, but a later truncate zeroes what it shows.
+
+        Raises:
+            OffsetOutOfRangeError: ``start < min_offset`` or ``start > max_offset``.
+            CorruptDataError: an unwritten unit below max_offset.
+        """
+        start = check_int("start", start, 0, QUEUE_OFFSET_MAX)
+        max_units = check_int("max_units", max_units, 0, QUEUE_OFFSET_MAX)
+        with self._ctx.lock:
+            self._enter()
+            self._check_range(start, start)
+            if self._ctx.read_only and start + max_units > self._max_offset:
+                self._refresh_max()  # asked past the max we know: the writer may be there
+            file_index, unit_in_file = divmod(start, self._upf)
+            count = min(max_units, self._max_offset - start, self._upf - unit_in_file)
+            if count <= 0:
+                return _read_only(np.empty(0, dtype=UNIT))
+            view = self._files.units(file_index).units[unit_in_file : unit_in_file + count]
+            if view["size"].min() <= 0:
+                bad = int(np.argmax(view["size"] <= 0))
+                self._raise_unwritten(file_index, unit_in_file + bad, start + bad)
+            return _read_only(view)
+
+    def timestamps(self, start: int, count: int) -> np.ndarray:
+        """The timestamps (int64 ms) of units ``[start, start + count)``.
+
+        A read-only view when the range lies in one file, else a copy.
+
+        Raises:
+            OffsetOutOfRangeError: the range is not inside ``[min_offset, max_offset)``.
+        """
+        start = check_int("start", start, 0, QUEUE_OFFSET_MAX)
+        count = check_int("count", count, 0, QUEUE_OFFSET_MAX)
+        with self._ctx.lock:
+            self._enter()
+            self._check_range(start, start + count)
+            parts = []
+            offset = start
+            while offset < start + count:
+                file_index, unit_in_file = divmod(offset, self._upf)
+                take = min(start + count - offset, self._upf - unit_in_file)
+                times = self._files.times(file_index).times
+                parts.append(times[unit_in_file : unit_in_file + take])
+                offset += take
+            if len(parts) == 1:
+                return _read_only(parts[0])
+            return np.concatenate(parts) if parts else np.empty(0, dtype=TIMESTAMP)
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The first queue offset (in offset order, >= min_offset) whose timestamp is
+        >= ``timestamp_ms``; None if there is none.
+
+        Timestamps may be out of order (CreateTime). The block of min_offset is scanned
+        from min_offset; past it, the running-maximum time index is binary searched and
+        one block (at most time_index_interval_units timestamps) is scanned. The
+        CommitLog is never read.
+
+        Raises:
+            CorruptDataError: a block maximum promises a timestamp its block lacks.
+        """
+        timestamp_ms = check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
+        with self._ctx.lock:
+            self._enter()
+            if self._ctx.read_only:
+                self._refresh_max()
+            low, high = self._min_offset, self._max_offset
+            if low >= high:
+                return None
+            geometry = self._ctx.geometry
+            head_block = geometry.block_of(low)
+            head_end = min(geometry.block_bounds(head_block)[1], high)
+            found = self._scan_times(low, head_end, timestamp_ms)
+            if found is not None or head_end == high:
+                return found
+            block = self._time_index_from(head_block + 1).first_block_reaching(timestamp_ms)
+            if block is None:
+                return None
+            block_start, block_end = geometry.block_bounds(block)
+            found = self._scan_times(block_start, min(block_end, high), timestamp_ms)
+            if found is None and block_end < high:
+                self._raise_bad_block_max(block)
+            return found  # None: the last block's maximum counts a unit not visible yet
+
+    # ------------------------------------------------ store-wide maintenance
+
+    def truncate_beyond_commitlog(self, commitlog_end: int) -> None:
+        """Drop every unit whose commitlog_offset >= ``commitlog_end`` (after recovery)."""
+        with self._ctx.lock:
+            self._enter_for_write()
+            if self._first_offset == self._max_offset:
+                return
+            assert self._last_commitlog_offset is not None
+            if self._last_commitlog_offset < commitlog_end:
+                return
+            cut = self._search_commitlog(commitlog_end, self._first_offset, self._max_offset)
+            self._truncate(cut)
+
+    def correct_min_offset(self, commitlog_min: int) -> None:
+        """Raise min_offset to the first unit whose commitlog_offset >= ``commitlog_min``
+        (after retention) and delete the files wholly below it, never the newest file
+        (it carries max_offset). Read-only queues only move min_offset."""
+        with self._ctx.lock:
+            self._enter()
+            low, high = self._min_offset, self._max_offset
+            if low < high and self._commitlog_offset_at(low) < commitlog_min:
+                self._min_offset = self._search_commitlog(commitlog_min, low, high)
+                self._time_index = None
+            if not self._ctx.read_only:
+                # Also files left by an earlier call, when they were still the newest.
+                self._delete_files_below(self._min_offset)
+
+    # ----------------------------------------------------------------- state
+
+    def _set_empty(self, offset: int) -> None:
+        """No files, no units: every offset is ``offset``."""
+        self._file_lo = self._file_hi = offset // self._upf
+        self._first_offset = self._min_offset = self._max_offset = offset
+        self._last_commitlog_offset = None
+        self._time_index = None
+
+    def _check_open(self) -> None:
+        if self._ctx.closed:
+            raise StoreClosedError(f"{self}: the ConsumeQueue store is closed")
+
+    def _enter(self) -> None:
+        self._check_open()
+        if not self._loaded or self._files.stale:
+            self._load()
+
+    def _enter_for_write(self) -> None:
+        if self._ctx.read_only:
+            raise ReadOnlyStoreError(f"{self}: the ConsumeQueue store is open read-only")
+        self._enter()
+
+    def _load(self) -> None:
+        """List the files, read the oldest header, binary search the newest file."""
+        previous_min = self._min_offset if self._loaded else 0
+        indexes = self._files.indexes()
+        self._loaded = True
+        if not indexes:
+            self._set_empty(0)
+            return
+        self._file_lo, self._file_hi = indexes[0], indexes[-1] + 1
+        self._time_index = None
+        first_unit = self._files.times(self._file_lo).first_unit_in_file
+        self._first_offset = self._file_lo * self._upf + first_unit
+        newest = self._file_hi - 1
+        start = first_unit if newest == self._file_lo else 0
+        end = self._files.units(newest).written_end(start, -1)
+        self._max_offset = max(newest * self._upf + end, self._first_offset)
+        self._min_offset = self._first_offset
+        if self._first_offset <= previous_min <= self._max_offset:
+            self._min_offset = previous_min  # keep a corrected min_offset across reloads
+        self._last_commitlog_offset = self._commitlog_offset_before(self._max_offset)
+
+    def _refresh_max(self) -> None:
+        """Read-only: follow the writer's appends from the max offset we know."""
+        if self._file_lo == self._file_hi:
+            if self._files.indexes():
+                self._load()
+            return
+        while True:
+            newest = self._file_hi - 1
+            end_in_file = self._max_offset - newest * self._upf
+            if end_in_file < self._upf:
+                units = self._files.units(newest)
+                if units.sizes[end_in_file] == 0:
+                    return
+                floor = -1 if self._last_commitlog_offset is None else self._last_commitlog_offset
+                end = units.written_end(end_in_file, floor)
+                self._max_offset = newest * self._upf + end
+                self._last_commitlog_offset = int(units.commitlog_offsets[end - 1])
+                if end < self._upf:
+                    return
+            if not self._files.exists(self._file_hi):
+                return
+            self._file_hi += 1
+
+    def _refresh_min(self) -> None:
+        """Read-only: reload when the writer's retention removed our oldest file."""
+        if self._file_lo == self._file_hi:
+            return
+        if not self._files.exists(self._file_lo):
+            self._load()
+
+    # ----------------------------------------------------------------- files
+
+    def _delete_files_below(self, offset: int) -> None:
+        """Delete the oldest files whose units all lie below ``offset``, never the newest."""
+        deleted = False
+        while self._file_lo < self._file_hi - 1 and (self._file_lo + 1) * self._upf <= offset:
+            self._files.delete(self._file_lo)
+            self._file_lo += 1
+            deleted = True
+        if deleted:  # a later file holds units from its first on
+            self._first_offset = max(self._first_offset, self._file_lo * self._upf)
+            self._time_index = None
+        assert self._first_offset <= self._min_offset
+
+    # ----------------------------------------------------------------- writing
+
+    def _start_at(self, offset: int) -> None:
+        """The queue holds no unit: drop leftover files, begin afresh at ``offset``."""
+        for file_index in range(self._file_hi - 1, self._file_lo - 1, -1):
+            self._files.delete(file_index)
+        self._set_empty(offset)
+
+    def _check_commitlog_order(self, commitlog_offset: int) -> None:
+        last = self._last_commitlog_offset
+        if last is not None and commitlog_offset <= last:
+            raise InvalidArgumentError(
+                f"{self}: commitlog offset {commitlog_offset} at queue offset "
+                f"{self._max_offset} is not above the previous unit's {last}"
+            )
+
+    def _append_one(
+        self, offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
+    ) -> None:
+        """Append one unit at ``offset == max_offset``, its size field last."""
+        assert offset == self._max_offset
+        file_index, unit_in_file = divmod(offset, self._upf)
+        if file_index == self._file_hi:
+            unit = np.array([(commitlog_offset, size, tag_hash)], dtype=UNIT)
+            self._create_file(file_index, unit_in_file, unit, np.array([timestamp_ms]))
+        else:
+            units = self._files.units(file_index, for_write=True)
+            times = self._files.times(file_index, for_write=True)
+            times.times[unit_in_file] = timestamp_ms
+            block = unit_in_file // self._ctx.config.time_index_interval_units
+            if times.block_max[block] < timestamp_ms:
+                times.block_max[block] = timestamp_ms
+            units.commitlog_offsets[unit_in_file] = commitlog_offset
+            units.tag_hashes[unit_in_file] = tag_hash
+            units.sizes[unit_in_file] = size  # last: makes the unit visible
+        self._max_offset = offset + 1
+        self._last_commitlog_offset = commitlog_offset
+
+    def _write_units(self, first: int, batch: UnitBatch) -> None:
+        """Append units at ``first == max_offset``, file by file, size fields last."""
+        assert first == self._max_offset
+        for file_index, unit_in_file, chunk in self._chunks(first, len(batch)):
+            end = unit_in_file + chunk.stop - chunk.start
+            if file_index == self._file_hi:
+                self._create_file(
+                    file_index, unit_in_file, batch.units(chunk), batch.timestamps_ms[chunk]
+                )
+            else:
+                units = self._files.units(file_index, for_write=True)
+                times = self._files.times(file_index, for_write=True)
+                times.times[unit_in_file:end] = batch.timestamps_ms[chunk]
+                times.raise_block_maxima(unit_in_file, end)
+                units.commitlog_offsets[unit_in_file:end] = batch.commitlog_offsets[chunk]
+                units.tag_hashes[unit_in_file:end] = batch.tag_hashes[chunk]
+                units.sizes[unit_in_file:end] = batch.sizes[chunk]  # last: makes them visible
+            self._max_offset = first + chunk.stop
+            self._last_commitlog_offset = int(batch.commitlog_offsets[chunk.stop - 1])
+
+    def _create_file(
+        self, file_index: int, unit_in_file: int, units: np.ndarray, timestamps_ms: np.ndarray
+    ) -> None:
+        """Create the next file holding its first units (the queue's first file may begin
+        anywhere; any later one begins at its unit 0)."""
+        assert file_index == self._file_hi
+        assert unit_in_file == 0 or self._file_lo == self._file_hi
+        self._files.create(file_index, unit_in_file, units, timestamps_ms)
+        self._file_hi = file_index + 1
+
+    def _reput_one(
+        self, offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
+    ) -> None:
+        batch = UnitBatch.of(
+            np.array([commitlog_offset]),
+            np.array([size]),
+            np.array([tag_hash]),
+            np.array([timestamp_ms]),
+        )
+        self._check_reput_range(offset, batch)
+        self._reput_range(offset, batch)
+
+    def _check_reput_range(self, first: int, batch: UnitBatch) -> None:
+        """Every stored unit of ``[first, first + len)`` must equal the batch's."""
+        if first < self._first_offset:
+            raise OffsetOutOfRangeError(
+                f"{self}: queue offset {first} lies below the queue's first unit "
+                f"{self._first_offset} (removed by retention)"
+            )
+        for file_index, unit_in_file, chunk in self._chunks(first, len(batch)):
+            units = self._files.units(file_index)
+            stored = units.units[unit_in_file : unit_in_file + chunk.stop - chunk.start]
+            written = stored["size"] != 0
+            differs = written & (
+                (stored["commitlog_offset"] != batch.commitlog_offsets[chunk])
+                | (stored["size"] != batch.sizes[chunk])
+                | (stored["tag_hash"] != batch.tag_hashes[chunk])
+            )
+            if differs.any():
+                bad = int(np.argmax(differs))
+                raise CorruptDataError(
+                    units.path,
+                    (unit_in_file + bad) * UNIT_SIZE_BYTES,
+                    f"re-put of queue offset {first + chunk.start + bad} with "
+                    f"{batch.describe(chunk.start + bad)} conflicts with the stored unit "
+                    f"{tuple(int(value) for value in stored[bad].item())}",
+                )
+
+    def _reput_range(self, first: int, batch: UnitBatch) -> None:
+        """Fill unwritten slots and repair timestamps and block maxima (a page lost in
+        a crash) in ``[first, first + len)``; a no-op when everything is in place."""
+        interval = self._ctx.config.time_index_interval_units
+        for file_index, unit_in_file, chunk in self._chunks(first, len(batch)):
+            end = unit_in_file + chunk.stop - chunk.start
+            units = self._files.units(file_index)
+            times = self._files.times(file_index)
+            holes = units.sizes[unit_in_file:end] == 0
+            stale = times.times[unit_in_file:end] != batch.timestamps_ms[chunk]
+            first_block, maxima = block_maxima(unit_in_file, batch.timestamps_ms[chunk], interval)
+            low_maxima = times.block_max[first_block : first_block + len(maxima)] < maxima
+            if not (holes.any() or stale.any() or low_maxima.any()):
+                continue
+            units.dirty = times.dirty = True
+            self._time_index = None
+            times.times[unit_in_file:end] = batch.timestamps_ms[chunk]
+            self._recompute_block_maxima(file_index, unit_in_file, end)
+            positions = np.flatnonzero(holes)
+            sources = positions + chunk.start
+            positions += unit_in_file
+            units.commitlog_offsets[positions] = batch.commitlog_offsets[sources]
+            units.tag_hashes[positions] = batch.tag_hashes[sources]
+            units.sizes[positions] = batch.sizes[sources]
+
+    def _chunks(self, first: int, count: int) -> list[tuple[int, int, slice]]:
+        """Split ``[first, first + count)`` by file: (file index, unit in file, slice)."""
+        chunks = []
+        done = 0
+        while done < count:
+            file_index, unit_in_file = divmod(first + done, self._upf)
+            take = min(count - done, self._upf - unit_in_file)
+            chunks.append((file_index, unit_in_file, slice(done, done + take)))
+            done += take
+        return chunks
+
+    def _recompute_block_maxima(self, file_index: int, start: int, end: int) -> None:
+        """Recompute the block maxima of one file around units ``[start, end)``."""
+        file_start = file_index * self._upf
+        self._files.times(file_index, for_write=True).recompute_block_maxima(
+            start,
+            end,
+            max(self._first_offset - file_start, 0),
+            min(self._max_offset - file_start, self._upf),
+        )
+
+    # ----------------------------------------------------------------- truncation
+
+    def _truncate(self, offset: int) -> None:
+        if offset >= self._max_offset:
+            return
+        self._time_index = None
+        if offset <= self._first_offset:
+            self._start_at(offset)
+            return
+        file_index, unit_in_file = divmod(offset, self._upf)
+        for newer in range(self._file_hi - 1, file_index, -1):
+            self._files.delete(newer)  # newest first: a crash leaves a contiguous prefix
+        self._file_hi = file_index + 1
+        if unit_in_file == 0:
+            assert file_index > self._file_lo
+            self._files.delete(file_index)
+            self._file_hi = file_index
+        else:
+            self._zero_units(file_index, unit_in_file)
+        self._max_offset = offset
+        self._min_offset = min(self._min_offset, offset)
+        self._last_commitlog_offset = self._commitlog_offset_before(offset)
+
+    def _zero_units(self, file_index: int, unit_in_file: int) -> None:
+        """Zero units (sizes first) and timestamps from ``unit_in_file`` to the written end
+        of the file, then recompute the maxima of the blocks left."""
+        end = min(self._max_offset - file_index * self._upf, self._upf)
+        units = self._files.units(file_index, for_write=True)
+        units.sizes[unit_in_file:end] = 0
+        units.commitlog_offsets[unit_in_file:end] = 0
+        units.tag_hashes[unit_in_file:end] = 0
+        times = self._files.times(file_index, for_write=True)
+        times.times[unit_in_file:end] = 0
+        interval = self._ctx.config.time_index_interval_units
+        first_block = unit_in_file // interval
+        times.block_max[first_block + 1 :] = 0
+        self._max_offset = file_index * self._upf + unit_in_file
+        self._recompute_block_maxima(file_index, unit_in_file, unit_in_file + 1)
+
+    # ----------------------------------------------------------------- searching
+
+    def _commitlog_offset_at(self, offset: int) -> int:
+        file_index, unit_in_file = divmod(offset, self._upf)
+        return int(self._files.units(file_index).commitlog_offsets[unit_in_file])
+
+    def _commitlog_offset_before(self, offset: int) -> int | None:
+        if offset <= self._first_offset:
+            return None
+        return self._commitlog_offset_at(offset - 1)
+
+    def _search_commitlog(self, target: int, low: int, high: int) -> int:
+        """The first queue offset in ``[low, high)`` whose commitlog_offset >= ``target``
+        (``high`` if none). O(log n) probes; each is checked to be written and in order.
+
+        Raises:
+            CorruptDataError: an unwritten unit, or commitlog offsets out of order.
+        """
+        below, above = INT64_MIN, INT64_MAX + 1  # values seen on either side, tightening
+        while low < high:
+            middle = (low + high) // 2
+            file_index, unit_in_file = divmod(middle, self._upf)
+            units = self._files.units(file_index)
+            if units.sizes[unit_in_file] <= 0:
+                self._raise_unwritten(file_index, unit_in_file, middle)
+            value = int(units.commitlog_offsets[unit_in_file])
+            if not below < value < above:
+                raise CorruptDataError(
+                    units.path,
+                    unit_in_file * UNIT_SIZE_BYTES,
+                    f"commitlog offset {value} at queue offset {middle} is out of order",
+                )
+            if value < target:
+                below, low = value, middle + 1
+            else:
+                above, high = value, middle
+        return low
+
+    def _scan_times(self, start: int, end: int, timestamp_ms: int) -> int | None:
+        """The first offset in ``[start, end)`` (one file) with timestamp >= T, or None."""
+        if start >= end:
+            return None
+        file_index, unit_in_file = divmod(start, self._upf)
+        assert (end - 1) // self._upf == file_index
+        times = self._files.times(file_index).times[unit_in_file : unit_in_file + end - start]
+        reached = times >= timestamp_ms
+        position = int(np.argmax(reached))
+        return start + position if reached[position] else None
+
+    def _time_index_from(self, block_start: int) -> TimeIndex:
+        """The time index from ``block_start``, extended to cover max_offset."""
+        index = self._time_index
+        if index is None or index.block_start != block_start:
+            index = self._time_index = TimeIndex(block_start)
+        if index.covered_max_offset == self._max_offset and index.end_block > block_start:
+            return index
+        geometry = self._ctx.geometry
+        last_block = geometry.block_of(self._max_offset - 1)
+        # The last covered block may have grown since: re-read it and everything after.
+        redo_from = max(block_start, min(index.end_block - 1, last_block))
+        maxima = []
+        block = redo_from
+        while block <= last_block:
+            file_index, block_in_file = divmod(block, geometry.blocks_per_file)
+            stop = min(geometry.blocks_per_file, block_in_file + last_block - block + 1)
+            maxima.append(self._files.times(file_index).block_max[block_in_file:stop])
+            block += stop - block_in_file
+        index.replace_from(redo_from, np.concatenate(maxima), self._max_offset)
+        return index
+
+    # ----------------------------------------------------------------- errors
+
+    def _check_range(self, start: int, end: int) -> None:
+        """``[start, end)`` must lie in ``[min_offset, max_offset]`` (read-only: re-checked)."""
+        if self._ctx.read_only:
+            if end > self._max_offset or (start == end and start >= self._max_offset):
+                self._refresh_max()
+            if start < self._min_offset:
+                self._refresh_min()
+        if start < self._min_offset or end > self._max_offset:
+            raise OffsetOutOfRangeError(
+                f"{self}: [{start}, {max(end, start)}) is outside "
+                f"[{self._min_offset}, {self._max_offset})"
+            )
+
+    def _raise_unwritten(self, file_index: int, unit_in_file: int, offset: int) -> None:
+        if self._ctx.read_only:
+            self._load()  # the writer may have truncated (recovery) under us
+            if not self._min_offset <= offset < self._max_offset:
+                raise OffsetOutOfRangeError(
+                    f"{self}: queue offset {offset} was truncated by the writer; the queue "
+                    f"now holds [{self._min_offset}, {self._max_offset})"
+                )
+        raise CorruptDataError(
+            self._files.unit_path(file_index),
+            unit_in_file * UNIT_SIZE_BYTES,
+            f"queue offset {offset} is below max offset {self._max_offset} but not written",
+        )
+
+    def _raise_bad_block_max(self, block: int) -> None:
+        file_index, block_in_file = divmod(block, self._ctx.geometry.blocks_per_file)
+        times = self._files.times(file_index)
+        raise CorruptDataError(
+            times.path,
+            block_max_position_bytes(self._upf) + block_in_file * TIMESTAMP_SIZE_BYTES,
+            f"block {block_in_file} maximum {int(times.block_max[block_in_file])} is not "
+            "reached by any timestamp of its block",
+        )
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view

@@ -1,0 +1,437 @@
+"""One ConsumeQueue file (a unit file or its time file), memory-mapped shared.
+
+A mapped file is only a window: numpy arrays over an ``mmap`` of the whole file. It
+owns no file descriptor of its own; Python's mmap keeps a duplicate, so each mapping
+holds exactly one descriptor until the last array over it is dropped. Nothing here ever
+calls ``mmap.close()``: a reader may hold a zero-copy view (from ``get_range``), and
+numpy keeps the mapping alive through that view's base, so dropping our references is
+the only safe way to let a mapping go.
+
+Creation (``create``): the file is allocated at its full size with ``posix_fallocate``
+(a full disk shows up as ENOSPC here, never as SIGBUS on a later write through a
+mapping) and given its header and its first units with pwrite; a unit file is built
+under a temporary name and renamed into place (a time file is only read once its unit
+file exists, so it is built in place). It is never pre-zeroed with write(), and it is not mapped:
+with 100,000 queues most files are written once or twice, and a mapping (mmap, page
+faults, munmap, a descriptor) would cost more than the write. Later writes map it.
+
+Crash policy: a file under its real name always has its full size, its header and its
+first units; opening checks size and header and raises CorruptDataError otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from commitlog.errors import CorruptDataError, DiskFullError, StoreError
+from consumequeue.format import (
+    TEMP_SUFFIX,
+    TIME_HEADER,
+    TIMESTAMP,
+    UNIT,
+    block_max_position_bytes,
+    blocks_per_file,
+    check_time_header,
+    encode_time_header,
+    time_file_size_bytes,
+    times_position_bytes,
+    unit_file_size_bytes,
+)
+
+__all__ = [
+    "MappedUnitFile",
+    "MappedTimeFile",
+    "block_maxima",
+    "create_file",
+    "make_directories",
+    "remove_file",
+    "sync_filesystem",
+    "sync_path",
+]
+
+FILE_MODE: Final = 0o644
+PAGE_SIZE_BYTES: Final = 4096  # writes of a new file closer than this are merged into one
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+class MappedUnitFile:
+    """A mapped unit file: ``units`` and a view per field over the same bytes.
+
+    Attributes:
+        path: the file's path.
+        units: structured UNIT array over the whole file.
+        commitlog_offsets, sizes, tag_hashes: field views of ``units``.
+        dirty: written through since the last flush (set by the writer before writing).
+    """
+
+    __slots__ = ("commitlog_offsets", "dirty", "path", "sizes", "tag_hashes", "units")
+
+    def __init__(self, path: str, mapping: mmap.mmap) -> None:
+        self.path = path
+        self.units = np.frombuffer(mapping, dtype=UNIT)
+        self.commitlog_offsets = self.units["commitlog_offset"]
+        self.sizes = self.units["size"]
+        self.tag_hashes = self.units["tag_hash"]
+        self.dirty = False
+
+    @classmethod
+    def open(cls, path: str, units_per_file: int, read_only: bool) -> MappedUnitFile:
+        """Map an existing unit file.
+
+        Raises:
+            FileNotFoundError: the file is gone (the caller decides what that means).
+            CorruptDataError: the file does not have its full size.
+        """
+        return cls(path, _map_existing(path, unit_file_size_bytes(units_per_file), read_only))
+
+    @staticmethod
+    def create(path: str, units_per_file: int, start: int, units: np.ndarray) -> None:
+        """Create a unit file holding ``units`` from unit ``start`` (the rest unwritten)."""
+        assert units.dtype == UNIT
+        assert start >= 0 and start + len(units) <= units_per_file
+        writes = [(start * UNIT.itemsize, units.tobytes())]
+        create_file(path, unit_file_size_bytes(units_per_file), writes)
+
+    def written_end(self, start: int, floor_commitlog_offset: int) -> int:
+        """Binary search for the end of the written run of units that begins at ``start``.
+
+        Units ``[start, end)`` are written and unit ``end`` is not (or ``end`` is the file's
+        unit count). Every probe is checked: a negative size, or commitlog offsets that do
+        not increase from probe to probe (starting above ``floor_commitlog_offset``), mean
+        the file is corrupt. O(log units_per_file) probes.
+
+        Raises:
+            CorruptDataError: naming the file and the byte position of the bad unit.
+        """
+        low, high = start, len(self.units)
+        assert 0 <= low <= high
+        previous = floor_commitlog_offset
+        while low < high:
+            middle = (low + high) // 2
+            size = int(self.sizes[middle])
+            if size == 0:
+                high = middle
+                continue
+            commitlog_offset = int(self.commitlog_offsets[middle])
+            if size < 0 or commitlog_offset <= previous:
+                raise CorruptDataError(
+                    self.path,
+                    middle * UNIT.itemsize,
+                    f"unit (commitlog_offset={commitlog_offset}, size={size}) breaks the order "
+                    f"of the queue (previous commitlog_offset {previous})",
+                )
+            previous = commitlog_offset
+            low = middle + 1
+        if low > start:
+            self._check_run_ends(start, low - 1)
+        return low
+
+    def _check_run_ends(self, first: int, last: int) -> None:
+        """The run's first unit must be written and below its last (the search may not
+        have probed either)."""
+        first_offset = int(self.commitlog_offsets[first])
+        last_offset = int(self.commitlog_offsets[last])
+        if self.sizes[first] <= 0 or (first < last and first_offset >= last_offset):
+            raise CorruptDataError(
+                self.path,
+                first * UNIT.itemsize,
+                f"unit {first} (commitlog_offset={first_offset}, size={int(self.sizes[first])}) "
+                f"does not start the run that ends at unit {last} (commitlog_offset="
+                f"{last_offset})",
+            )
+
+
+class MappedTimeFile:
+    """A mapped time file: its header, per-unit timestamps and per-block maxima.
+
+    Attributes:
+        path: the file's path.
+        first_unit_in_file: from the header (non-zero only in a queue's first file).
+        times: int64 timestamp (ms) per unit.
+        block_max: int64 largest timestamp of the written units of each block.
+        interval_units: N, units per block.
+        dirty: written through since the last flush.
+    """
+
+    __slots__ = ("block_max", "dirty", "first_unit_in_file", "interval_units", "path", "times")
+
+    def __init__(self, path: str, mapping: mmap.mmap, units_per_file: int, interval: int) -> None:
+        self.path = path
+        self.interval_units = interval
+        header = np.frombuffer(mapping, dtype=TIME_HEADER, count=1)
+        self.first_unit_in_file = check_time_header(path, header, units_per_file, interval)
+        self.times = np.frombuffer(
+            mapping, dtype=TIMESTAMP, count=units_per_file, offset=times_position_bytes()
+        )
+        self.block_max = np.frombuffer(
+            mapping,
+            dtype=TIMESTAMP,
+            count=blocks_per_file(units_per_file, interval),
+            offset=block_max_position_bytes(units_per_file),
+        )
+        self.dirty = False
+
+    @classmethod
+    def open(cls, path: str, units_per_file: int, interval: int, read_only: bool) -> MappedTimeFile:
+        """Map an existing time file and check its header.
+
+        Raises:
+            FileNotFoundError: the file is gone.
+            CorruptDataError: wrong size or a header that does not match the config.
+        """
+        size = time_file_size_bytes(units_per_file, interval)
+        return cls(path, _map_existing(path, size, read_only), units_per_file, interval)
+
+    @staticmethod
+    def create(
+        path: str,
+        units_per_file: int,
+        interval: int,
+        first_unit_in_file: int,
+        start: int,
+        timestamps_ms: np.ndarray,
+    ) -> None:
+        """Create a time file: its header, ``timestamps_ms`` from unit ``start`` and the
+        maxima of the blocks they touch."""
+        assert start >= 0 and start + len(timestamps_ms) <= units_per_file
+        stamps = np.ascontiguousarray(timestamps_ms, dtype=TIMESTAMP)
+        first_block, maxima = block_maxima(start, stamps, interval)
+        writes = [
+            (0, encode_time_header(units_per_file, interval, first_unit_in_file)),
+            (times_position_bytes() + start * TIMESTAMP.itemsize, stamps.tobytes()),
+            (
+                block_max_position_bytes(units_per_file) + first_block * TIMESTAMP.itemsize,
+                maxima.astype(TIMESTAMP).tobytes(),
+            ),
+        ]
+        # In place: nobody opens a time file before its unit file exists.
+        create_file(path, time_file_size_bytes(units_per_file, interval), writes, in_place=True)
+
+    def raise_block_maxima(self, start: int, end: int) -> None:
+        """Raise the maxima of the blocks of units ``[start, end)`` to cover their
+        (already written) timestamps. Vectorized: one reduceat over the range."""
+        assert 0 <= start < end <= len(self.times)
+        first_block, maxima = block_maxima(start, self.times[start:end], self.interval_units)
+        stored = self.block_max[first_block : first_block + len(maxima)]
+        np.maximum(stored, maxima, out=stored)
+
+    def recompute_block_maxima(
+        self, start: int, end: int, written_start: int, written_end: int
+    ) -> None:
+        """Recompute the maxima of the blocks overlapping units ``[start, end)`` from the
+        timestamps of the written units ``[written_start, written_end)`` (0 for a block
+        with none). Reads at most ``end - start + 2N`` timestamps."""
+        assert 0 <= start < end <= len(self.times)
+        interval = self.interval_units
+        for block in range(start // interval, (end - 1) // interval + 1):
+            low = max(block * interval, written_start)
+            high = min((block + 1) * interval, written_end)
+            self.block_max[block] = int(self.times[low:high].max()) if high > low else 0
+
+
+def _map_existing(path: str, size_bytes: int, read_only: bool) -> mmap.mmap:
+    try:
+        fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise _wrap_os_error(error, f"open {path}") from error
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size_bytes:
+            raise CorruptDataError(path, actual, f"file is {actual} bytes, expected {size_bytes}")
+        access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+        return mmap.mmap(fd, size_bytes, access=access)
+    except OSError as error:
+        raise _wrap_os_error(error, f"map {path}") from error
+    finally:
+        os.close(fd)  # the mapping holds its own duplicate
+
+
+def block_maxima(start: int, timestamps_ms: np.ndarray, interval: int) -> tuple[int, np.ndarray]:
+    """The maxima, per block of ``interval`` units, of timestamps of units ``start ..``.
+
+    Returns:
+        The first block touched, and one maximum per block touched (one reduceat).
+    """
+    assert len(timestamps_ms) > 0
+    first_block = start // interval
+    if len(timestamps_ms) == 1:  # the common single put: skip the reduceat set-up
+        return first_block, np.asarray(timestamps_ms, dtype=TIMESTAMP)
+    last_block = (start + len(timestamps_ms) - 1) // interval
+    boundaries = np.arange(first_block + 1, last_block + 1) * interval - start
+    maxima = np.maximum.reduceat(timestamps_ms, np.concatenate(([0], boundaries)))
+    assert len(maxima) == last_block - first_block + 1
+    return first_block, maxima
+
+
+def create_file(
+    path: str, size_bytes: int, writes: list[tuple[int, bytes]], *, in_place: bool = False
+) -> None:
+    """Build ``path`` at ``size_bytes`` with ``writes`` (position, bytes) done by pwrite.
+
+    Normally the file is built under a temporary name and renamed into place, so that
+    nobody ever sees it short. ``in_place`` builds it under its own name (one rename
+    less) for a file nobody reads before another file appears: a time file, read only
+    once its unit file exists. A stale file of that name is removed first, never
+    truncated (a reader may still map the old one). Writes less than a page apart are
+    merged into one pwrite (the gap is written as the zeros it already holds: the page
+    is written back whole either way).
+
+    Raises:
+        DiskFullError: no room to allocate the file.
+        StoreError: any other failure to create it.
+    """
+    assert all(position + len(data) <= size_bytes for position, data in writes)
+    build_path = path if in_place else path + TEMP_SUFFIX
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if in_place else os.O_TRUNC)
+    try:
+        try:
+            fd = os.open(build_path, flags, FILE_MODE)
+        except FileExistsError:
+            remove_file(build_path)  # a stale file (crash leftover): never truncate it
+            fd = os.open(build_path, flags, FILE_MODE)
+    except OSError as error:
+        raise _wrap_os_error(error, f"create {build_path}") from error
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+        for position, data in _merge_writes(writes):
+            written = os.pwrite(fd, data, position)
+            assert written == len(data)
+        if not in_place:
+            os.rename(build_path, path)
+    except OSError as error:
+        _unlink_quietly(build_path)
+        raise _wrap_os_error(error, f"allocate {size_bytes} bytes for {path}") from error
+    finally:
+        os.close(fd)
+
+
+def _merge_writes(writes: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    merged: list[tuple[int, bytes]] = []
+    for position, data in sorted(writes):
+        if merged:
+            last_position, last_data = merged[-1]
+            gap = position - (last_position + len(last_data))
+            assert gap >= 0  # writes never overlap
+            if gap < PAGE_SIZE_BYTES:
+                merged[-1] = (last_position, last_data + bytes(gap) + data)
+                continue
+        merged.append((position, data))
+    return merged
+
+
+def sync_filesystem(directory: str) -> bool:
+    """syncfs(2) the filesystem holding ``directory``: every dirty page and inode of it
+    is written back before this returns.
+
+    Returns:
+        False when ``directory`` is gone or the call is unavailable (the caller then
+        syncs path by path).
+
+    Raises:
+        DiskFullError, StoreError: the kernel reported a writeback error.
+    """
+    syncfs = getattr(_libc, "syncfs", None)
+    if syncfs is None:
+        return False
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        if syncfs(fd) == 0:
+            return True
+        code = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if code == errno.ENOSYS:
+        return False
+    raise _wrap_os_error(OSError(code, os.strerror(code)), f"syncfs of {directory}")
+
+
+def sync_path(path: str, *, directory: bool = False) -> None:
+    """fdatasync a file (or fsync a directory) by path; a file already gone is fine.
+
+    Writes through any shared mapping of the file are in the page cache, so syncing
+    through a fresh descriptor makes them durable. The GIL is released meanwhile.
+
+    Raises:
+        DiskFullError: ENOSPC/EDQUOT while writing back.
+        StoreError: any other I/O error.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise _wrap_os_error(error, f"open {path} to sync") from error
+    try:
+        if directory:
+            os.fsync(fd)
+        else:
+            os.fdatasync(fd)
+    except OSError as error:
+        raise _wrap_os_error(error, f"sync {path}") from error
+    finally:
+        os.close(fd)
+
+
+def _wrap_os_error(error: OSError, action: str) -> StoreError:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(errno.ENOSPC, f"{action}: disk full")
+    return StoreError(f"{action} failed: {error}")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def make_directories(path: str, created_in: Callable[[str], None]) -> None:
+    """mkdir -p ``path``; call ``created_in(parent)`` for each directory that gained an
+    entry, so that a flush can fsync it.
+
+    Raises:
+        StoreError: a directory cannot be created.
+    """
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        make_directories(os.path.dirname(path), created_in)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return
+        except OSError as error:
+            raise _wrap_os_error(error, f"create {path}") from error
+    except OSError as error:
+        raise _wrap_os_error(error, f"create {path}") from error
+    created_in(os.path.dirname(path))
+
+
+def remove_file(path: str) -> None:
+    """Unlink ``path``; a file already gone is fine.
+
+    Raises:
+        StoreError: the file exists and cannot be removed.
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise _wrap_os_error(error, f"remove {path}") from error

@@ -1,0 +1,220 @@
+"""All ConsumeQueues of a store: ``<directory>/<topic>/<queue_id>/<files>``.
+
+``directory`` is the store's ConsumeQueue directory (``<root>/consumequeue``). Opening
+is O(1): nothing is listed or mapped until a queue is used, and a queue loads itself
+(one listing and an O(log n) search) on first use, so a store with 100,000 queues opens
+at once. Directories are made on a queue's first write only; a read-only store never
+creates, writes or deletes anything.
+
+Every mapped file of every queue goes through one bounded LRU (``max_open_files``), so
+the number of descriptors held stays bounded however many queues are used.
+
+Crash policy: after CommitLog recovery the store calls ``truncate_beyond`` (drop units
+that point past the recovered log end) and, after retention, ``correct_min_offsets``.
+Durability: ``flush()`` syncs every file written since the previous flush, including
+files evicted from the cache meanwhile, and the directories that gained entries.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+from commitlog.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from commitlog.record import validate_topic
+from consumequeue.config import ConsumeQueueConfig
+from consumequeue.consume_queue import ConsumeQueue
+from consumequeue.queue_files import QueueContext
+
+__all__ = ["ConsumeQueueStore", "QUEUE_ID_MAX"]
+
+QUEUE_ID_MAX = (1 << 31) - 1  # queue ids are int32 in the CommitLog record
+
+
+class ConsumeQueueStore:
+    """The ConsumeQueues of one store. Create with ``ConsumeQueueStore.open``.
+
+    Attributes:
+        directory: the ConsumeQueue directory.
+        config: the configuration.
+        read_only: True for a reader beside another process's writer.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_next_serial",
+        "_on_disk",
+        "_queues",
+        "config",
+        "directory",
+        "read_only",
+    )
+
+    def __init__(self, directory: str, config: ConsumeQueueConfig, read_only: bool) -> None:
+        self.directory = directory
+        self.config = config
+        self.read_only = read_only
+        self._ctx = QueueContext(config, read_only)
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # Writer only: per topic, the queue directories listed once and not yet loaded.
+        # Only this writer creates queue directories, so a queue missing from the list
+        # is known empty and skips its own listing (one syscall per new queue).
+        self._on_disk: dict[str, set[str]] = {}
+        self._next_serial = 0
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: ConsumeQueueConfig,
+        *,
+        read_only: bool = False,
+    ) -> ConsumeQueueStore:
+        """Open the ConsumeQueues under ``directory`` (which need not exist yet).
+
+        Raises:
+            InvalidTypeError: ``config`` is not a ConsumeQueueConfig.
+            ConfigError: ``directory`` exists and is not a directory.
+        """
+        if not isinstance(config, ConsumeQueueConfig):
+            raise InvalidTypeError(f"config must be a ConsumeQueueConfig, not {type(config)}")
+        path = os.path.abspath(os.fspath(directory))
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{path} exists and is not a directory")
+        return cls(path, config, read_only)
+
+    def __enter__(self) -> ConsumeQueueStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue (topic, queue_id), created lazily (no file until its first write).
+
+        Raises:
+            InvalidArgumentError: a bad topic name, or queue_id outside 0..2**31-1.
+            InvalidTypeError: topic not a str or queue_id not an int.
+            StoreClosedError: after close().
+        """
+        try:
+            found = self._queues.get((topic, queue_id))
+        except TypeError:  # unhashable: let validation below name the problem
+            found = None
+        if found is not None and not self._ctx.closed:
+            return found
+        with self._ctx.lock:
+            self._check_open()
+            validate_topic(topic)
+            if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+                raise InvalidTypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
+            if not 0 <= queue_id <= QUEUE_ID_MAX:
+                raise InvalidArgumentError(f"queue_id {queue_id} is outside [0, {QUEUE_ID_MAX}]")
+            key = (topic, queue_id)
+            if key not in self._queues:
+                self._queues[key] = self._new_queue(topic, queue_id)
+            return self._queues[key]
+
+    def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        topic_directory = self.directory + os.sep + topic
+        known_empty = False
+        if not self.read_only:
+            if topic not in self._on_disk:
+                self._on_disk[topic] = set(_list_directory(topic_directory))
+            listed = self._on_disk[topic]
+            known_empty = str(queue_id) not in listed
+            listed.discard(str(queue_id))
+        directory = topic_directory + os.sep + str(queue_id)
+        queue = ConsumeQueue(
+            self._ctx, topic, queue_id, directory, self._next_serial, known_empty=known_empty
+        )
+        self._next_serial += 1
+        return queue
+
+    def existing_queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue_id) with a directory on disk, sorted. Entries whose name is
+        not a valid topic or a canonical queue id are not ours and are skipped."""
+        self._check_open()
+        found = []
+        for topic in _list_directory(self.directory):
+            try:
+                validate_topic(topic)
+            except InvalidArgumentError:
+                continue
+            for name in _list_directory(os.path.join(self.directory, topic)):
+                if name.isdigit() and str(int(name)) == name and int(name) <= QUEUE_ID_MAX:
+                    found.append((topic, int(name)))
+        found.sort()
+        return found
+
+    def truncate_beyond(self, commitlog_end: int) -> None:
+        """After CommitLog recovery: every queue drops the units whose commitlog_offset
+        is >= ``commitlog_end``. Loads every queue on disk (O(queues * log n)).
+
+        Raises:
+            ReadOnlyStoreError: the store is read-only.
+        """
+        if self.read_only:
+            raise ReadOnlyStoreError("the ConsumeQueue store is open read-only")
+        for topic, queue_id in self.existing_queues():
+            self.queue(topic, queue_id).truncate_beyond_commitlog(commitlog_end)
+
+    def correct_min_offsets(self, commitlog_min: int) -> None:
+        """After retention: every queue's min offset becomes its first unit whose
+        commitlog_offset is >= ``commitlog_min``; files wholly below it are deleted
+        (never a queue's newest file). Read-only: min offsets move, nothing is deleted."""
+        for topic, queue_id in self.existing_queues():
+            self.queue(topic, queue_id).correct_min_offset(commitlog_min)
+
+    def flush(self) -> None:
+        """Make every unit written so far durable (no-op when read-only)."""
+        self._check_open()
+        if not self.read_only:
+            self._ctx.cache.flush()
+
+    def close(self) -> None:
+        """Flush (writer), then drop every mapping. Idempotent. Views handed out by
+        get_range stay valid; queues obtained earlier raise StoreClosedError.
+
+        Raises:
+            DiskFullError, StoreError: the final flush failed (the store is closed anyway;
+                what was written stays in the page cache for the kernel to write back).
+        """
+        with self._ctx.lock:
+            if self._ctx.closed:
+                return
+        try:
+            if not self.read_only:
+                self._ctx.cache.flush()
+        finally:  # a failed flush still closes: the kernel writes the pages back later
+            with self._ctx.lock:
+                self._ctx.closed = True
+                self._ctx.cache.close()
+                self._queues.clear()
+
+    @property
+    def open_files(self) -> int:
+        """Mapped files held by the cache now (each holds one file descriptor)."""
+        return len(self._ctx.cache)
+
+    def _check_open(self) -> None:
+        if self._ctx.closed:
+            raise StoreClosedError("the ConsumeQueue store is closed")
+
+
+def _list_directory(path: str) -> list[str]:
+    try:
+        return [entry.name for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -1,0 +1,103 @@
+"""The in-memory sparse time index of one queue: a running maximum over blocks.
+
+Blocks: each unit file is cut into ``blocks_per_file`` blocks of N units (the last one
+short when N does not divide ``units_per_file``). Blocks are numbered across the queue:
+block ``g`` is block ``g % blocks_per_file`` of file ``g // blocks_per_file``. Time files
+store each block's local maximum timestamp (see consumequeue.format).
+
+Index: entry ``e`` holds ``max(block_max[block_start .. block_start + e])``, a running
+maximum, so it is sorted and ``np.searchsorted`` finds the first block whose running
+maximum reaches T in O(log n). That block holds the first unit (in offset order, from
+``block_start`` on) whose timestamp is >= T, because every earlier block's maximum is
+< T. This is Kafka's .timeindex idea (max timestamp so far), kept per block rather than
+per segment, and it holds for out-of-order CreateTime timestamps.
+
+The index is derived data, rebuilt from the persisted block maxima (n / N reads, not n)
+when the queue's minimum offset moves, and extended lazily from the last covered block
+when the queue has grown. It is never persisted, so it cannot be stale after a crash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consumequeue.format import blocks_per_file
+
+__all__ = ["BlockGeometry", "TimeIndex"]
+
+INITIAL_CAPACITY_ENTRIES = 64  # grows by doubling; one entry per N units of the queue
+
+
+class BlockGeometry:
+    """Offsets <-> blocks arithmetic for one configuration."""
+
+    __slots__ = ("blocks_per_file", "interval_units", "units_per_file")
+
+    def __init__(self, units_per_file: int, interval_units: int) -> None:
+        self.units_per_file = units_per_file
+        self.interval_units = interval_units
+        self.blocks_per_file = blocks_per_file(units_per_file, interval_units)
+
+    def block_of(self, offset: int) -> int:
+        """The global block that holds queue offset ``offset``."""
+        file_index, unit_in_file = divmod(offset, self.units_per_file)
+        return file_index * self.blocks_per_file + unit_in_file // self.interval_units
+
+    def block_bounds(self, block: int) -> tuple[int, int]:
+        """Queue offsets ``[start, end)`` of a global block (never crosses a file)."""
+        file_index, block_in_file = divmod(block, self.blocks_per_file)
+        file_start = file_index * self.units_per_file
+        start = file_start + block_in_file * self.interval_units
+        end = file_start + min((block_in_file + 1) * self.interval_units, self.units_per_file)
+        assert start < end
+        return start, end
+
+
+class TimeIndex:
+    """Running maxima of blocks ``block_start ..``, reflecting units below ``covered_max``.
+
+    Attributes:
+        block_start: global block of entry 0.
+        covered_max_offset: the queue's max_offset when the index was last extended.
+    """
+
+    __slots__ = ("_count", "_running_max", "block_start", "covered_max_offset")
+
+    def __init__(self, block_start: int) -> None:
+        assert block_start >= 0
+        self.block_start = block_start
+        self.covered_max_offset = 0
+        self._running_max = np.zeros(INITIAL_CAPACITY_ENTRIES, dtype=np.int64)
+        self._count = 0
+
+    @property
+    def end_block(self) -> int:
+        """One past the last block with an entry."""
+        return self.block_start + self._count
+
+    def replace_from(self, block: int, block_maxima: np.ndarray, covered_max_offset: int) -> None:
+        """Drop the entries of blocks >= ``block``; append entries for ``block_maxima``,
+        the local maxima of blocks ``block, block + 1, ...``."""
+        assert self.block_start <= block <= self.end_block
+        assert block_maxima.ndim == 1
+        self._count = block - self.block_start
+        needed = self._count + len(block_maxima)
+        if needed > len(self._running_max):
+            grown = np.zeros(max(needed, 2 * len(self._running_max)), dtype=np.int64)
+            grown[: self._count] = self._running_max[: self._count]
+            self._running_max = grown
+        window = self._running_max[self._count : needed]
+        np.maximum.accumulate(block_maxima, out=window)
+        if self._count:
+            np.maximum(window, self._running_max[self._count - 1], out=window)
+        self._count = needed
+        self.covered_max_offset = covered_max_offset
+
+    def first_block_reaching(self, timestamp_ms: int) -> int | None:
+        """The first global block whose running maximum is >= ``timestamp_ms``, or None."""
+        entries = self._running_max[: self._count]
+        position = int(np.searchsorted(entries, timestamp_ms, side="left"))
+        if position == self._count:
+            return None
+        assert entries[position] >= timestamp_ms
+        return self.block_start + position

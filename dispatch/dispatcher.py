@@ -1,0 +1,457 @@
+"""The dispatcher: builds ConsumeQueue units and IndexFile entries from the CommitLog.
+
+A service thread waits up to ``interval_ms`` (1 ms) or until an append wakes it,
+then reads every record from the dispatched position to the readable end (the write
+position, or in sync-flush mode the flushed position, so that only durable bytes
+are ever exposed), groups them per queue, and hands each group to its ConsumeQueue
+in one ``put_batch``, and every keyed record to the IndexService in one
+``put_batch``. It then advances
+the dispatched position and wakes every long-polling reader.
+
+Records are parsed header-only, without checksum verification, like RocketMQ's
+ReputMessageService: every record before the write position was written by this
+process or verified by recovery, and readers verify each record they return.
+
+Crash policy: the dispatched position is saved in the checkpoint only after the
+ConsumeQueues and the index are flushed. After a crash, dispatch restarts at the
+checkpointed position and re-dispatches; ConsumeQueue and index writes are
+idempotent, so nothing is duplicated or shifted.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple, Protocol
+
+import numpy as np
+
+from commitlog.commitlog import BatchFeed, CommitLog
+from commitlog.record import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    MESSAGE_MAGIC,
+    decode_keys,
+    read_prefix,
+    tag_hash,
+)
+
+__all__ = ["Dispatcher", "TimestampChooser"]
+
+log = logging.getLogger(__name__)
+
+_SIZE_MAGIC: Final = struct.Struct("<II")  # the first two fields of every record
+ROUND_BYTES_MAX: Final = 8 << 20  # one round's parse; bounds reader latency per round
+ERROR_BACKOFF_S: Final = 0.05  # a failing round is retried after this pause
+_TAG_CACHE_MAX: Final = 4096  # distinct tags whose hashes are remembered
+
+
+class ConsumeQueueLike(Protocol):
+    @property
+    def max_offset(self) -> int: ...
+
+    def put_batch(
+        self,
+        first_queue_offset: int,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+        timestamps_ms: np.ndarray,
+    ) -> None: ...
+
+
+class QueueStoreLike(Protocol):
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueueLike: ...
+
+
+class IndexLike(Protocol):
+    def put_batch(
+        self,
+        topics: Sequence[str],
+        keys: Sequence[Sequence[str]],
+        physical_offsets: Sequence[int],
+        store_ts_ms: Sequence[int],
+    ) -> None: ...
+
+
+#: Given a topic, True when its ConsumeQueue time is CreateTime (the born timestamp),
+#: False for LogAppendTime (the store timestamp).
+TimestampChooser = Callable[[str], bool]
+
+
+class _Group:
+    """Units of one queue collected in one round (queue offsets are consecutive).
+
+    Single records go to the lists; batches arrive as arrays and are kept as chunks,
+    in order, so a round concatenates once."""
+
+    __slots__ = ("chunks", "create_time", "first_queue_offset", "offsets", "sizes", "tags", "times")
+
+    def __init__(self, first_queue_offset: int, create_time: bool) -> None:
+        self.first_queue_offset = first_queue_offset
+        self.create_time = create_time
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.tags: list[int] = []
+        self.times: list[int] = []
+        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def seal_lists(self) -> None:
+        """Move the single-record lists into the chunk list (keeps log order)."""
+        if self.offsets:
+            self.chunks.append(
+                (
+                    np.array(self.offsets, dtype=np.int64),
+                    np.array(self.sizes, dtype=np.int32),
+                    np.array(self.tags, dtype=np.int64),
+                    np.array(self.times, dtype=np.int64),
+                )
+            )
+            self.offsets, self.sizes, self.tags, self.times = [], [], [], []
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self.seal_lists()
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+        offsets, sizes, tags, times = zip(*self.chunks, strict=True)
+        return (np.concatenate(offsets), np.concatenate(sizes), np.concatenate(tags),
+                np.concatenate(times))  # fmt: skip
+
+
+class _ReadLog(NamedTuple):
+    """Work item: records in [start, stop) that the feed does not describe."""
+
+    start: int
+    stop: int
+
+
+class Dispatcher:
+    """Dispatch service of one store."""
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        queues: QueueStoreLike,
+        index: IndexLike,
+        *,
+        start_position: int,
+        sync_mode: bool,
+        uses_create_time: TimestampChooser,
+        interval_ms: int = 1,
+    ) -> None:
+        self._commitlog = commitlog
+        self._queues = queues
+        self._index = index
+        self._sync_mode = sync_mode
+        self._uses_create_time = uses_create_time
+        self._interval_s = interval_ms / 1000
+        self._position = start_position
+        self._dispatched_ts_ms = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._readers = threading.Condition()
+        self._round_lock = threading.Lock()
+        self._topics: dict[bytes, str] = {}
+        self._tag_hashes: dict[bytes, int] = {}
+        self._thread: threading.Thread | None = None
+        # Work not yet dispatched, in log order: feed entries and _ReadLog ranges.
+        self._work: deque[Any] = deque()
+        self._work_end = start_position
+        self._use_feed = False
+        self.rounds = 0
+        self.dispatched_records = 0
+        self.last_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ service
+
+    def start(self) -> None:
+        assert self._thread is None
+        self._thread = threading.Thread(target=self._run, name="mqstore-dispatch", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Called after every append (and flush): dispatch without waiting the interval.
+
+        Setting an Event takes its lock; checking the flag first keeps a burst of
+        appends within one round to one set."""
+        wake = self._wake
+        if not wake.is_set():
+            wake.set()
+
+    def close(self) -> None:
+        """Dispatch what is readable, then stop."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.dispatch_available()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            try:
+                while self.dispatch_available(ROUND_BYTES_MAX):
+                    pass
+                self.last_error = None
+            except Exception as error:  # kept for stats; retried after a pause
+                self.last_error = error
+                log.exception("dispatch round failed at %d; retrying", self._position)
+                self._stop.wait(ERROR_BACKOFF_S)
+
+    @property
+    def position(self) -> int:
+        """Every record before this physical offset is in the ConsumeQueues and index."""
+        return self._position
+
+    @property
+    def dispatched_ts_ms(self) -> int:
+        return self._dispatched_ts_ms
+
+    def readable_end(self) -> int:
+        log_ = self._commitlog
+        return log_.flushed_position if self._sync_mode else log_.write_position
+
+    def lag_bytes(self) -> int:
+        return self.readable_end() - self._position
+
+    # ------------------------------------------------------------------ dispatch
+
+    def use_feed(self) -> None:
+        """Take what appends wrote from the CommitLog's feed instead of re-reading it."""
+        self._commitlog.enable_feed()
+        self._use_feed = True
+
+    def dispatch_available(self, bytes_max: int | None = None) -> int:
+        """Dispatch records up to the readable end (at most about ``bytes_max`` bytes).
+
+        Returns:
+            The number of records dispatched (0 when there was nothing new).
+        """
+        with self._round_lock:
+            end = self.readable_end()
+            if bytes_max is not None:
+                end = min(end, self._position + bytes_max)
+            if end <= self._position:
+                return 0
+            count = self._dispatch_until(end)
+        if count:
+            with self._readers:
+                self._readers.notify_all()
+        return count
+
+    def _refill(self) -> None:
+        """Move the CommitLog's feed into the work queue, with _ReadLog ranges for
+        whatever the feed does not cover (before it, or after an overflow)."""
+        if not self._use_feed:
+            stop = self._commitlog.write_position
+            if stop > self._work_end:
+                self._work.append(_ReadLog(self._work_end, stop))
+                self._work_end = stop
+            return
+        start, entries, stop = self._commitlog.take_feed()
+        if start > self._work_end:
+            self._work.append(_ReadLog(self._work_end, start))
+        if entries:
+            self._work.extend(entries)
+            last = entries[-1]
+            covered = (
+                int(last.positions[-1] + last.sizes[-1]) if type(last) is BatchFeed
+                else last[0] + last[1]
+            )  # fmt: skip
+        else:
+            covered = start
+        if stop > covered:
+            self._work.append(_ReadLog(covered, stop))
+        self._work_end = max(self._work_end, stop)
+
+    def _dispatch_until(self, end: int) -> int:
+        groups: dict[tuple[str, int], _Group] = {}
+        keyed: list[tuple[str, list[str], int, int]] = []
+        if self._work_end < end:
+            self._refill()
+        position, store_ts_ms, count = self._position, 0, 0
+        work = self._work
+        while work and position < end:
+            item = work[0]
+            if type(item) is _ReadLog:
+                stop = min(item.stop, end)
+                position, stamp, parsed = self._parse(
+                    max(item.start, position), stop, groups, keyed
+                )
+                count += parsed
+                store_ts_ms = stamp or store_ts_ms
+                if position >= item.stop:
+                    work.popleft()
+                continue
+            if type(item) is BatchFeed:
+                item_end = int(item.positions[-1] + item.sizes[-1])
+                if item_end > end:
+                    break
+                self._add_batch(item, groups, keyed)
+                count += len(item.positions)
+            else:
+                item_end = item[0] + item[1]
+                if item_end > end:
+                    break
+                self._add_record(item, groups, keyed)
+                count += 1
+            store_ts_ms = item[6] if type(item) is not BatchFeed else item.store_ts_ms
+            position = item_end
+            work.popleft()
+        self._write_groups(groups, keyed)
+        assert position >= self._position
+        self._position = position
+        if store_ts_ms:
+            self._dispatched_ts_ms = store_ts_ms
+        self.rounds += 1
+        self.dispatched_records += count
+        return count
+
+    def _group(self, groups: dict[tuple[str, int], _Group], topic: str, queue_id: int,
+               queue_offset: int) -> _Group:  # fmt: skip
+        group = groups.get((topic, queue_id))
+        if group is None:
+            group = groups[(topic, queue_id)] = _Group(queue_offset, self._uses_create_time(topic))
+        return group
+
+    def _add_record(self, item: tuple[Any, ...], groups: dict[tuple[str, int], _Group],
+                    keyed: list[tuple[str, list[str], int, int]]) -> None:  # fmt: skip
+        position, size, topic, queue_id, queue_offset, born_ts, store_ts, tag, keys = item
+        group = self._group(groups, topic, queue_id, queue_offset)
+        group.offsets.append(position)
+        group.sizes.append(size)
+        group.tags.append(self._tag_hash(tag) if tag else 0)
+        group.times.append(born_ts if group.create_time else store_ts)
+        if keys:
+            keyed.append((topic, list(decode_keys(keys)), position, store_ts))
+
+    def _add_batch(self, item: BatchFeed, groups: dict[tuple[str, int], _Group],
+                   keyed: list[tuple[str, list[str], int, int]]) -> None:  # fmt: skip
+        group = self._group(groups, item.topic, item.queue_id, item.first_queue_offset)
+        group.seal_lists()
+        count = len(item.positions)
+        encoded = item.encoded
+        tags = np.fromiter(
+            (self._tag_hash(e[2]) if e[2] else 0 for e in encoded), dtype=np.int64, count=count
+        )
+        store_ts = item.store_ts_ms
+        if group.create_time:
+            times = np.fromiter(
+                (store_ts if e[6] is None else e[6] for e in encoded), dtype=np.int64, count=count
+            )
+        else:
+            times = np.full(count, store_ts, dtype=np.int64)
+        group.chunks.append((item.positions, item.sizes, tags, times))
+        positions = item.positions
+        for index, entry in enumerate(encoded):
+            if entry[3]:
+                keyed.append(
+                    (item.topic, list(decode_keys(entry[3])), int(positions[index]), store_ts)
+                )
+
+    def _write_groups(self, groups: dict[tuple[str, int], _Group],
+                      keyed: list[tuple[str, list[str], int, int]]) -> None:  # fmt: skip
+        for (topic, queue_id), group in groups.items():
+            offsets, sizes, tags, times = group.columns()
+            self._queues.queue(topic, queue_id).put_batch(
+                group.first_queue_offset, offsets, sizes, tags, times
+            )
+        if keyed:
+            topics, keys, offsets_, stamps = zip(*keyed, strict=True)
+            self._index.put_batch(topics, keys, offsets_, stamps)
+
+    def _parse(
+        self,
+        start: int,
+        end: int,
+        groups: dict[tuple[str, int], _Group],
+        keyed: list[tuple[str, list[str], int, int]],
+    ) -> tuple[int, int, int]:
+        """Parse record headers in [start, end) into per-queue groups."""
+        commitlog = self._commitlog
+        unpack = HEADER.unpack_from
+        unpack_prefix = _SIZE_MAGIC.unpack_from
+        position = start
+        store_ts_ms = 0
+        count = 0
+        while position < end:
+            mapped = commitlog.file_for(position)
+            mapping = mapped.mapping
+            in_file = position - mapped.start_offset
+            limit = min(mapped.size_bytes, end - mapped.start_offset)
+            while in_file + BLANK_SIZE <= limit:
+                size, magic = unpack_prefix(mapping, in_file)
+                if magic != MESSAGE_MAGIC:
+                    # Only a blank record can be here: the range is before the readable
+                    # end, which only ever covers complete, verified records.
+                    read_prefix(mapping, in_file, mapped.size_bytes, mapped.path)
+                    assert magic == BLANK_MAGIC
+                    in_file = mapped.size_bytes
+                    break
+                fields = unpack(mapping, in_file)
+                queue_offset, physical, born_ts, store_ts_ms, queue_id = fields[3:8]
+                keys_len, topic_len, tag_len = fields[11:14]
+                cursor = in_file + HEADER_SIZE
+                topic_raw = mapping[cursor : cursor + topic_len]
+                topic = self._topics.get(topic_raw)
+                if topic is None:
+                    topic = self._topic_name(topic_raw)
+                cursor += topic_len
+                tag_code = 0
+                if tag_len:
+                    tag_code = self._tag_hash(mapping[cursor : cursor + tag_len])
+                cursor += tag_len
+                group = groups.get((topic, queue_id))
+                if group is None:
+                    group = self._group(groups, topic, queue_id, queue_offset)
+                group.offsets.append(physical)
+                group.sizes.append(size)
+                group.tags.append(tag_code)
+                group.times.append(born_ts if group.create_time else store_ts_ms)
+                if keys_len:
+                    keys = list(decode_keys(mapping[cursor : cursor + keys_len]))
+                    keyed.append((topic, keys, physical, store_ts_ms))
+                in_file += size
+                count += 1
+            advanced = mapped.start_offset + in_file
+            assert advanced > position, f"dispatch made no progress at {position}"
+            position = advanced
+        return position, store_ts_ms, count
+
+    def _topic_name(self, raw: bytes) -> str:
+        name = raw.decode("ascii")
+        self._topics[raw] = name
+        return name
+
+    def _tag_hash(self, raw: bytes) -> int:
+        value = self._tag_hashes.get(raw)
+        if value is None:
+            value = tag_hash(raw)
+            if len(self._tag_hashes) < _TAG_CACHE_MAX:
+                self._tag_hashes[raw] = value
+        return value
+
+    # ------------------------------------------------------------------ long polling
+
+    def wait_for(self, has_data: Callable[[], bool], timeout_ms: int) -> bool:
+        """Block until ``has_data()`` is true or the timeout passes; return which.
+
+        ``has_data`` is re-checked after every dispatch round that added records.
+        """
+        if has_data():
+            return True
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self._readers:
+            while not has_data():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    return False
+                self._readers.wait(remaining)
+        return True

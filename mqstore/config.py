@@ -1,0 +1,110 @@
+"""StoreConfig: the one frozen, validated configuration of a MessageStore.
+
+Field names are part of the public contract (tests and tools set them). Each
+component gets only its own slice of it (``commitlog_config()``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+from attrs import validators as v
+
+from commitlog.config import GIB, MIB, CommitLogConfig
+from commitlog.errors import ConfigError
+
+__all__ = ["StoreConfig", "TimestampType"]
+
+TimestampType = Literal["CreateTime", "LogAppendTime"]
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
+
+
+def _as_config_error(*validators: _Validator) -> _Validator:
+    """Run attrs validators; report a failure as ConfigError naming the field."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        for validator in validators:
+            try:
+                validator(instance, attribute, value)
+            except (ValueError, TypeError) as error:
+                raise ConfigError(f"StoreConfig.{attribute.name}: {error}") from None
+
+    return check
+
+
+def _int(low: int, high: int) -> _Validator:
+    return _as_config_error(v.instance_of(int), v.ge(low), v.le(high))
+
+
+def _ratio() -> _Validator:
+    return _as_config_error(v.instance_of((int, float)), v.gt(0), v.le(100))
+
+
+_BOOL = _as_config_error(v.instance_of(bool))
+
+
+@attrs.frozen(kw_only=True)
+class StoreConfig:
+    """Every setting of a store, with RocketMQ's defaults; units are in the names."""
+
+    # CommitLog
+    commitlog_file_size_bytes: int = attrs.field(default=GIB, validator=_int(64 * 1024, 2 * GIB))
+    max_message_size_bytes: int = attrs.field(default=4 * MIB, validator=_int(128, 256 * MIB))
+    flush_mode: Literal["async", "sync"] = attrs.field(
+        default="async", validator=_as_config_error(v.in_(("async", "sync")))
+    )
+    flush_interval_ms: int = attrs.field(default=500, validator=_int(1, 60_000))
+    flush_least_pages: int = attrs.field(default=4, validator=_int(0, 1 << 20))
+    flush_thorough_interval_ms: int = attrs.field(default=10_000, validator=_int(1, 3_600_000))
+    sync_flush_timeout_ms: int = attrs.field(default=5_000, validator=_int(1, 600_000))
+    prewarm: bool = attrs.field(default=True, validator=_BOOL)
+    mlock: bool = attrs.field(default=False, validator=_BOOL)
+    verify_checksum_on_read: bool = attrs.field(default=True, validator=_BOOL)
+    # ConsumeQueue
+    consumequeue_units_per_file: int = attrs.field(default=300_000, validator=_int(4, 1 << 26))
+    consumequeue_max_open_files: int = attrs.field(default=4096, validator=_int(8, 16_384))
+    # IndexFile
+    index_slot_count: int = attrs.field(default=5_000_000, validator=_int(1, 1 << 28))
+    index_entry_count: int = attrs.field(default=20_000_000, validator=_int(4, 1 << 28))
+    # Dispatch and checkpoint
+    dispatch_interval_ms: int = attrs.field(default=1, validator=_int(1, 1_000))
+    checkpoint_interval_ms: int = attrs.field(default=1_000, validator=_int(10, 600_000))
+    # Topics created implicitly by put() use this timestamp type.
+    default_timestamp_type: TimestampType = attrs.field(
+        default="CreateTime", validator=_as_config_error(v.in_(("CreateTime", "LogAppendTime")))
+    )
+    # Retention (RocketMQ: fileReservedTime 72 h; disk watermarks 75/85/90 %)
+    retention_hours: float = attrs.field(
+        default=72.0, validator=_as_config_error(v.instance_of((int, float)), v.ge(0))
+    )
+    retention_bytes: int = attrs.field(default=-1, validator=_int(-1, 1 << 62))
+    retention_check_interval_ms: int = attrs.field(default=10_000, validator=_int(10, 3_600_000))
+    disk_clean_ratio_percent: float = attrs.field(default=75.0, validator=_ratio())
+    disk_force_ratio_percent: float = attrs.field(default=85.0, validator=_ratio())
+    disk_reject_ratio_percent: float = attrs.field(default=90.0, validator=_ratio())
+
+    def __attrs_post_init__(self) -> None:
+        if not (
+            self.disk_clean_ratio_percent
+            <= self.disk_force_ratio_percent
+            <= self.disk_reject_ratio_percent
+        ):
+            raise ConfigError("disk watermarks must satisfy clean <= force <= reject")
+        if self.commitlog_file_size_bytes % 4096:
+            raise ConfigError("StoreConfig.commitlog_file_size_bytes must be a multiple of 4096")
+
+    def commitlog_config(self) -> CommitLogConfig:
+        return CommitLogConfig(
+            file_size_bytes=self.commitlog_file_size_bytes,
+            max_message_size_bytes=self.max_message_size_bytes,
+            flush_mode=self.flush_mode,
+            flush_interval_ms=self.flush_interval_ms,
+            flush_least_pages=self.flush_least_pages,
+            flush_thorough_interval_ms=self.flush_thorough_interval_ms,
+            sync_flush_timeout_ms=self.sync_flush_timeout_ms,
+            prewarm=self.prewarm,
+            mlock=self.mlock,
+            verify_checksum_on_read=self.verify_checksum_on_read,
+        )

@@ -1,0 +1,146 @@
+"""Retention: deletes whole CommitLog files from the oldest end, as RocketMQ's
+CleanCommitLogService does, then moves ConsumeQueue minimum offsets and drops old
+index files.
+
+A file may go when (checked every ``retention_check_interval_ms`` by apscheduler):
+- it is older than ``retention_hours`` (its age is the time since its last record
+  was stored, read from the first record of the file after it), or
+- the log is larger than ``retention_bytes`` (when >= 0), or
+- disk usage is at or above ``disk_clean_ratio_percent`` (one file per check, the
+  gentle watermark) or ``disk_force_ratio_percent`` (up to DELETE_FILES_MAX per check).
+
+At or above ``disk_reject_ratio_percent`` puts are rejected with DiskFullError, and
+accepted again as soon as a check finds usage below it. The file being written is
+never deleted, so the log always keeps its newest file, and neither is a file the
+dispatcher has not finished reading.
+
+Crash policy: a file is unlinked before the ConsumeQueues are corrected; after a
+crash in between, open corrects them from the CommitLog's first file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+
+from commitlog.commitlog import CommitLog
+from commitlog.errors import StoreError
+from commitlog.mapped_file import MappedFile
+
+__all__ = ["RetentionReport", "RetentionService", "disk_usage_percent"]
+
+log = logging.getLogger(__name__)
+
+DELETE_FILES_MAX: Final = 10  # RocketMQ's deleteFileBatchMax: bound one check's work
+
+
+def disk_usage_percent(path: str) -> float:
+    usage = shutil.disk_usage(path)
+    return 100.0 * usage.used / usage.total if usage.total else 0.0
+
+
+@attrs.frozen
+class RetentionReport:
+    deleted_files: int
+    min_position: int
+    disk_usage_percent: float
+    rejecting_writes: bool
+
+
+class RetentionService:
+    """One retention check at a time over one store's components."""
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        after_delete: Callable[[int], None],
+        *,
+        retention_ms: float,
+        retention_bytes: int,
+        clean_percent: float,
+        force_percent: float,
+        reject_percent: float,
+        clock_ms: Callable[[], int],
+        disk_usage: Callable[[], float],
+        dispatched_position: Callable[[], int],
+    ) -> None:
+        self._commitlog = commitlog
+        self._dispatched_position = dispatched_position
+        self._after_delete = after_delete
+        self._retention_ms = retention_ms
+        self._retention_bytes = retention_bytes
+        self._clean_percent = clean_percent
+        self._force_percent = force_percent
+        self._reject_percent = reject_percent
+        self._clock_ms = clock_ms
+        self._disk_usage = disk_usage
+        self._lock = threading.Lock()
+        self.rejecting = False
+
+    def run_once(self) -> RetentionReport:
+        with self._lock:
+            usage = self._disk_usage()
+            deleted = 0
+            gentle_used = False
+            while deleted < DELETE_FILES_MAX:
+                reason = self._reason_to_delete(usage, gentle_used)
+                if reason is None:
+                    break
+                oldest = self._commitlog.delete_oldest_file()
+                if oldest is None:
+                    break
+                log.info("retention deleted %s (%s)", oldest.path, reason)
+                deleted += 1
+                gentle_used = gentle_used or reason == "disk above the clean watermark"
+                usage = self._disk_usage()
+            if deleted:
+                self._after_delete(self._commitlog.min_position)
+            self._update_reject(usage)
+            return RetentionReport(deleted, self._commitlog.min_position, usage, self.rejecting)
+
+    def _reason_to_delete(self, usage: float, gentle_used: bool) -> str | None:
+        files = self._commitlog.files()
+        if len(files) < 2:
+            return None
+        if files[0].start_offset + files[0].size_bytes > self._dispatched_position():
+            return None  # never delete what the dispatcher has not read yet
+        if usage >= self._force_percent:
+            return "disk above the force watermark"
+        if self._retention_bytes >= 0:
+            total = sum(mapped.size_bytes for mapped in files)
+            if total > self._retention_bytes:
+                return "log larger than retention_bytes"
+        if self._age_ms(files[1]) >= self._retention_ms:
+            return "older than retention"
+        if usage >= self._clean_percent and not gentle_used:
+            return "disk above the clean watermark"
+        return None
+
+    def _age_ms(self, following: MappedFile) -> float:
+        """Time since the oldest file's last record: the next file's first record
+        was stored right after it."""
+        try:
+            stored_ms = self._commitlog.record_at(following.start_offset).store_ts_ms
+        except StoreError:
+            stored_ms = int(os.stat(following.path).st_mtime * 1000)
+        return float(self._clock_ms() - stored_ms)
+
+    def _update_reject(self, usage: float) -> None:
+        rejecting = usage >= self._reject_percent
+        if rejecting != self.rejecting:
+            if rejecting:
+                log.error(
+                    "disk usage %.1f%% >= %.1f%%: rejecting writes", usage, self._reject_percent
+                )
+            else:
+                log.warning("disk usage %.1f%%: accepting writes again", usage)
+        self.rejecting = rejecting
+        self._commitlog.reject_writes(
+            f"disk usage {usage:.1f}% >= {self._reject_percent:.1f}%" if rejecting else None
+        )

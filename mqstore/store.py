@@ -1,0 +1,625 @@
+"""MessageStore: the facade that composes the CommitLog, ConsumeQueues, IndexFiles,
+the dispatcher and the periodic services of one store directory.
+
+On disk (one store = one directory)::
+
+    <root>/lock          exclusive writer lock (flock)
+    <root>/abort         present while a writer has the store open
+    <root>/checkpoint    flushed and dispatched positions (two checksummed slots)
+    <root>/topics        topic metadata (atomic JSON)
+    <root>/commitlog/    the CommitLog files
+    <root>/consumequeue/ per topic and queue
+    <root>/index/        key index files
+    <root>/offsets/      committed consumer offsets (the Kafka-style adapter)
+
+Open (writer): take the lock, mark ``abort``, load the checkpoint, recover the
+CommitLog from min(flushed, dispatched), truncate ConsumeQueue units and index
+entries that point past the recovered end, re-dispatch from the dispatched position
+(idempotent), then start the dispatcher, the flush service and the scheduled jobs
+(checkpoint every second; retention). Close reverses it and removes ``abort``.
+
+Open (read-only): no lock, no writes; the store follows a live writer in another
+process through the ConsumeQueues it dispatches (shared page cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from commitlog.checkpoint import Checkpoint, CheckpointFile
+from commitlog.commitlog import CommitLog
+from commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+from commitlog.lock import StoreLock, clear_abort, mark_abort
+from commitlog.record import validate_topic
+from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from dispatch.dispatcher import Dispatcher
+from indexfile import IndexConfig, IndexService
+from mqstore import retention
+from mqstore.commitlog_engine import CommitLogEngine
+from mqstore.config import StoreConfig
+from mqstore.message import Message, PutResult
+from mqstore.services import Scheduler
+from mqstore.topics import TopicRegistry
+
+__all__ = ["MessageStore"]
+
+log = logging.getLogger(__name__)
+
+GET_MESSAGES_MAX = 10_000  # one get() returns at most this many messages
+QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
+QUEUE_ID_MAX = 2**31 - 1
+READ_ONLY_POLL_S = 0.001  # a read-only store polls the writer's dispatched state
+
+
+class MessageStore(CommitLogEngine):
+    """An embedded, persistent message store. Build with ``MessageStore.open``.
+
+    It is also an engine for the Kafka-style adapter (see ``CommitLogEngine``)."""
+
+    def __init__(self, root: str, config: StoreConfig, read_only: bool) -> None:
+        self.root = root
+        self.config = config
+        self.read_only = read_only
+        self._closed = False
+        self._lock: StoreLock | None = None
+        self._checkpoint_file: CheckpointFile | None = None
+        self._checkpoint = Checkpoint()
+        self._checkpoint_guard = threading.Lock()
+        self._dispatcher: Dispatcher | None = None
+        self._scheduler: Scheduler | None = None
+        self.recovered_from_crash = False
+        self._rebuild_derived = False
+        self._retention: retention.RetentionService | None = None
+        self._clock_ms: Callable[[], int] = _wall_clock_ms
+        self._disk_usage: Callable[[], float] = _no_disk_usage
+        self.open_ms = 0.0
+        self.commitlog: CommitLog
+        self.consume_queues: ConsumeQueueStore
+        self.index: IndexService
+        self.topics: TopicRegistry
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: StoreConfig | None = None,
+        *,
+        read_only: bool = False,
+        clock_ms: Callable[[], int] | None = None,
+        disk_usage_percent: Callable[[], float] | None = None,
+    ) -> MessageStore:
+        """Open (or create) the store at ``path``.
+
+        Args:
+            read_only: open without the writer lock, to read while a writer runs.
+            clock_ms: the store clock (tests inject a fake one).
+            disk_usage_percent: the disk-usage probe retention watches (tests inject one).
+
+        Raises:
+            StoreLockedError: another writer has the store open.
+            CorruptDataError: a file cannot be recovered (it names file and position).
+            ConfigError: ``config`` is not a StoreConfig.
+        """
+        if config is None:
+            config = StoreConfig()
+        if not isinstance(config, StoreConfig):
+            raise InvalidTypeError(f"config must be a StoreConfig, not {type(config).__name__}")
+        root = os.fspath(path)
+        started = time.perf_counter()
+        if read_only:
+            if not os.path.isdir(root):
+                raise InvalidArgumentError(f"no store at {root}")
+        else:
+            os.makedirs(root, exist_ok=True)
+        store = cls(root, config, read_only)
+        store._clock_ms = clock_ms or _wall_clock_ms
+        store._disk_usage = disk_usage_percent or (lambda: retention.disk_usage_percent(root))
+        try:
+            store._open(clock_ms)
+        except BaseException:
+            store._abandon()
+            raise
+        store.open_ms = (time.perf_counter() - started) * 1000
+        return store
+
+    def _open(self, clock_ms: Callable[[], int] | None) -> None:
+        root, config, read_only = self.root, self.config, self.read_only
+        if not read_only:
+            self._lock = StoreLock.acquire(root)
+            self.recovered_from_crash = mark_abort(root)
+        self.topics = TopicRegistry(root, read_only)
+        self._checkpoint_file = CheckpointFile(root, read_only)
+        checkpoint = self._checkpoint_file.load()
+        queues_dir = os.path.join(root, "consumequeue")
+        index_dir = os.path.join(root, "index")
+        # Derived files deleted by hand (or lost) are rebuilt from the whole CommitLog.
+        self._rebuild_derived = checkpoint is not None and (
+            not os.path.isdir(index_dir)
+            or not os.path.isdir(queues_dir)
+            or not os.listdir(queues_dir)
+        )
+        if not read_only:
+            os.makedirs(queues_dir, exist_ok=True)
+            os.makedirs(index_dir, exist_ok=True)
+        self.consume_queues = ConsumeQueueStore.open(
+            queues_dir,
+            ConsumeQueueConfig(
+                units_per_file=config.consumequeue_units_per_file,
+                max_open_files=config.consumequeue_max_open_files,
+            ),
+            read_only=read_only,
+        )
+        self.index = IndexService.open(
+            index_dir,
+            IndexConfig(slot_count=config.index_slot_count, entry_count=config.index_entry_count),
+            read_only=read_only,
+        )
+        recover_from = None
+        if checkpoint is not None:
+            recover_from = min(checkpoint.flushed_position, checkpoint.dispatched_position)
+            self._checkpoint = checkpoint
+        self.commitlog = CommitLog.open(
+            os.path.join(root, "commitlog"),
+            config.commitlog_config(),
+            read_only=read_only,
+            recover_from=recover_from,
+            queue_offset_loader=self._queue_max_offset,
+            clock_ms=clock_ms,
+        )
+        if read_only:
+            return
+        self._recover_derived(checkpoint)
+        self._start_services()
+
+    def _recover_derived(self, checkpoint: Checkpoint | None) -> None:
+        """Make ConsumeQueues and the index agree with the recovered CommitLog."""
+        commitlog = self.commitlog
+        end = commitlog.write_position
+        self.consume_queues.truncate_beyond(end)
+        # Index pages written after the last checkpoint may be lost with power: cut
+        # back to what the checkpoint vouches for; re-dispatch puts the rest back.
+        index_end = end if checkpoint is None else min(end, checkpoint.dispatched_position)
+        self.index.truncate_beyond(index_end)
+        if commitlog.min_position > 0:
+            self.consume_queues.correct_min_offsets(commitlog.min_position)
+        start = commitlog.min_position
+        if checkpoint is not None and not self._rebuild_derived:
+            start = checkpoint.dispatched_position
+        elif checkpoint is not None:
+            log.warning("ConsumeQueue or index files are missing: rebuilding from the CommitLog")
+        start = min(max(start, commitlog.min_position), end)
+        self._dispatcher = Dispatcher(
+            commitlog,
+            self.consume_queues,
+            self.index,
+            start_position=start,
+            sync_mode=self.config.flush_mode == "sync",
+            uses_create_time=self._uses_create_time,
+            interval_ms=self.config.dispatch_interval_ms,
+        )
+        # Re-dispatch synchronously: when open returns, every recovered record is
+        # readable through its ConsumeQueue and the index.
+        commitlog.flush_to(end)
+        redispatched = 0
+        while True:
+            count = self._dispatcher.dispatch_available()
+            if not count:
+                break
+            redispatched += count
+        if redispatched:
+            log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
+        self._write_checkpoint()
+
+    def _start_services(self) -> None:
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        dispatcher.use_feed()
+        self.commitlog.set_append_listener(dispatcher.wake)
+        dispatcher.start()
+        config = self.config
+        self._retention = retention.RetentionService(
+            self.commitlog,
+            self._after_retention,
+            retention_ms=config.retention_hours * 3_600_000,
+            retention_bytes=config.retention_bytes,
+            clean_percent=config.disk_clean_ratio_percent,
+            force_percent=config.disk_force_ratio_percent,
+            reject_percent=config.disk_reject_ratio_percent,
+            clock_ms=self._clock_ms,
+            disk_usage=self._disk_usage,
+            dispatched_position=lambda: dispatcher.position,
+        )
+        self._scheduler = Scheduler()
+        self._scheduler.every_ms(
+            config.checkpoint_interval_ms, self._write_checkpoint, "checkpoint"
+        )
+        self._scheduler.every_ms(
+            config.retention_check_interval_ms, self.run_retention, "retention"
+        )
+        self._scheduler.start()
+
+    def run_retention(self) -> retention.RetentionReport:
+        """Run one retention check now (the scheduler runs it periodically)."""
+        self._check_writable()
+        assert self._retention is not None
+        assert self._dispatcher is not None
+        self._dispatcher.dispatch_available()
+        return self._retention.run_once()
+
+    def _after_retention(self, min_position: int) -> None:
+        self.consume_queues.correct_min_offsets(min_position)
+        self.index.delete_files_before(min_position)
+
+    def close(self) -> None:
+        """Flush everything, stop the services, write the checkpoint, remove ``abort``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        if self.read_only:
+            self._abandon()
+            return
+        self.commitlog.seal()  # no more appends; everything appended is flushed
+        if self._dispatcher is not None:
+            self._dispatcher.close()  # dispatches what remains
+        self._write_checkpoint()
+        clear_abort(self.root)  # still under the lock: _abandon releases it
+        self._abandon()
+
+    def _crash(self) -> None:
+        """Stop as a SIGKILL would (for fault tests): no final flush, no checkpoint,
+        ``abort`` left in place. Appended bytes stay in the page cache, as they do
+        when a process dies; the lock is released as the kernel would release it."""
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher._stop.set()
+            dispatcher._wake.set()
+            if dispatcher._thread is not None:
+                dispatcher._thread.join()
+        self.commitlog._crash()
+        self._dispatcher = None
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """Close whatever was opened, without checkpointing (error paths and read-only)."""
+        for part in ("commitlog", "consume_queues", "index"):
+            component = getattr(self, part, None)
+            if component is not None:
+                try:
+                    component.close()
+                except Exception:  # closing the rest matters more
+                    log.exception("closing %s failed", part)
+        if self._checkpoint_file is not None:
+            self._checkpoint_file.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _write_checkpoint(self) -> None:
+        """Flush ConsumeQueues and index, then save flushed and dispatched positions.
+
+        The dispatched position is read BEFORE the flush, so the checkpoint never
+        claims units that are not yet durable.
+        """
+        dispatcher = self._dispatcher
+        if dispatcher is None or self._checkpoint_file is None:
+            return
+        with self._checkpoint_guard:
+            dispatched = dispatcher.position
+            dispatched_ts_ms = dispatcher.dispatched_ts_ms
+            flushed = self.commitlog.flushed_position
+            self.consume_queues.flush()
+            self.index.flush()
+            self._checkpoint = self._checkpoint_file.store(
+                Checkpoint(
+                    flushed_position=flushed,
+                    dispatched_position=dispatched,
+                    flushed_ts_ms=self.commitlog.last_store_ts_ms,
+                    dispatched_ts_ms=dispatched_ts_ms,
+                    sequence=self._checkpoint.sequence,
+                )
+            )
+
+    # ------------------------------------------------------------------ topics
+
+    def _uses_create_time(self, topic: str) -> bool:
+        config = self.topics.get(topic)
+        if config is None:
+            return self.config.default_timestamp_type == "CreateTime"
+        return config.timestamp_type == "CreateTime"
+
+    def _queue_max_offset(self, topic: str, queue_id: int) -> int:
+        return self.consume_queues.queue(topic, queue_id).max_offset
+
+    # ------------------------------------------------------------------ write
+
+    def put(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes | bytearray | memoryview | None,
+        *,
+        keys: Sequence[str] | str = (),
+        tag: str | None = None,
+        properties: Any = None,
+        born_timestamp_ms: int | None = None,
+    ) -> PutResult:
+        """Append one message to (topic, queue_id).
+
+        Returns:
+            Its physical offset, queue offset and store timestamp.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, LimitExceededError: bad input.
+            DiskFullError: no room, or writes rejected above the disk watermark.
+            FlushTimeoutError: sync flush mode and the bytes were not durable in time.
+        """
+        if self._closed or self.read_only:
+            self._check_writable()
+        return self.commitlog.append(
+            topic, queue_id, body, keys=keys, tag=tag, properties=properties,
+            born_ts_ms=born_timestamp_ms,
+        )  # fmt: skip
+
+    def put_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes | bytearray | memoryview | None],
+        *,
+        keys: Sequence[Sequence[str] | str | None] | None = None,
+        tags: Sequence[str | None] | str | None = None,
+        properties: Sequence[Any] | None = None,
+        born_timestamp_ms: Sequence[int] | int | None = None,
+    ) -> list[PutResult]:
+        """Append many messages to one queue under one lock and one flush.
+
+        ``keys``/``properties`` (and ``tags``/``born_timestamp_ms`` when sequences)
+        hold one item per body. Nothing is appended if any message is invalid.
+        """
+        self._check_writable()
+        result = self.commitlog.append_batch(
+            topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
+            born_ts_ms=born_timestamp_ms,
+        )  # fmt: skip
+        first, stamp = result.first_queue_offset, result.store_timestamp_ms
+        return [
+            PutResult(physical, first + i, stamp, size)
+            for i, (physical, size) in enumerate(
+                zip(result.physical_offsets.tolist(), result.sizes.tolist(), strict=True)
+            )
+        ]
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError("the store is open read-only")
+
+    # ------------------------------------------------------------------ read
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    def _queue(self, topic: str, queue_id: int) -> Any:
+        """The ConsumeQueue, after dispatching whatever is readable but not yet
+        dispatched: a reader sees every put that returned before its call."""
+        validate_topic(topic)
+        _check_queue_id(queue_id)
+        dispatcher = self._dispatcher
+        if dispatcher is not None and dispatcher.position < dispatcher.readable_end():
+            dispatcher.dispatch_available()
+        return self.consume_queues.queue(topic, queue_id)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset still stored (Kafka's log start offset)."""
+        self._check_open()
+        return int(self._queue(topic, queue_id).min_offset)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset to be written (Kafka's log end offset)."""
+        self._check_open()
+        return int(self._queue(topic, queue_id).max_offset)
+
+    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[Message]:
+        """Messages of (topic, queue_id) from ``offset``, at most ``max_messages``.
+
+        An offset equal to max_offset returns []. Every returned message was verified
+        against its checksum; its body is a zero-copy view.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` < min_offset or > max_offset.
+            CorruptDataError: a record fails verification (never returned).
+        """
+        self._check_open()
+        _check_count("max_messages", max_messages, GET_MESSAGES_MAX)
+        _check_offset(offset)
+        queue = self._queue(topic, queue_id)
+        messages: list[Message] = []
+        while len(messages) < max_messages:
+            units = queue.get_range(offset, max_messages - len(messages))
+            if len(units) == 0:
+                break
+            for index, (physical, size) in enumerate(
+                zip(units["commitlog_offset"].tolist(), units["size"].tolist(), strict=True)
+            ):
+                messages.append(self._message_at(physical, size, topic, queue_id, offset + index))
+            offset += len(units)
+        return messages
+
+    def _message_at(
+        self, physical: int, size: int, topic: str, queue_id: int, queue_offset: int
+    ) -> Message:
+        """The verified record a ConsumeQueue unit points at; it must be that unit's."""
+        record = self.commitlog.record_at(physical)
+        if (
+            record.size != size
+            or record.queue_offset != queue_offset
+            or record.queue_id != queue_id
+            or record.topic != topic
+        ):
+            mapped = self.commitlog.file_for(physical)
+            raise CorruptDataError(
+                mapped.path,
+                physical - mapped.start_offset,
+                f"ConsumeQueue unit of {topic}/{queue_id} does not match the record there",
+            )
+        return Message(record)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
+        """The first queue offset whose timestamp is >= ``timestamp_ms`` (the topic's
+        CreateTime or LogAppendTime), or None when there is none."""
+        self._check_open()
+        _check_offset(timestamp_ms, "timestamp_ms")
+        offset = self._queue(topic, queue_id).offset_for_time(timestamp_ms)
+        return None if offset is None else int(offset)
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        begin_timestamp_ms: int = 0,
+        end_timestamp_ms: int = 2**63 - 1,
+        max_results: int = 64,
+    ) -> list[Message]:
+        """Messages of ``topic`` carrying ``key``, stored within [begin, end], newest
+        first, at most ``max_results``. Each hit is checked against the real record,
+        so hash collisions never return a wrong message (apache/rocketmq#3613)."""
+        self._check_open()
+        validate_topic(topic)
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"key must be a str, not {type(key).__name__}")
+        _check_offset(begin_timestamp_ms, "begin_timestamp_ms")
+        _check_offset(end_timestamp_ms, "end_timestamp_ms")
+        _check_count("max_results", max_results, QUERY_RESULTS_MAX)
+        dispatcher = self._dispatcher
+        if dispatcher is not None and dispatcher.position < dispatcher.readable_end():
+            dispatcher.dispatch_available()
+        found: dict[int, Message] = {}
+
+        def verify(physical: int) -> bool:
+            try:
+                record = self.commitlog.record_at(physical)
+            except (OffsetOutOfRangeError, CorruptDataError):
+                return False
+            ok = (
+                record.topic == topic
+                and begin_timestamp_ms <= record.store_ts_ms <= end_timestamp_ms
+                and key in record.keys
+            )
+            if ok:
+                found[physical] = Message(record)
+            return ok
+
+        offsets = self.index.query(
+            topic, key, begin_timestamp_ms, end_timestamp_ms, max_results, verify
+        )
+        return [found[physical] for physical in offsets]
+
+    def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int) -> bool:
+        """Long poll: block until a message at ``offset`` or later is readable.
+
+        Returns:
+            True when max_offset > offset, False when ``timeout_ms`` passed first.
+        """
+        self._check_open()
+        _check_offset(offset)
+        _check_offset(timeout_ms, "timeout_ms")
+        queue = self._queue(topic, queue_id)
+        return self._wait_until(lambda: queue.max_offset > offset, timeout_ms)
+
+    def _wait_until(self, ready: Callable[[], bool], timeout_ms: int) -> bool:
+        """Wait for ``ready()``: woken by dispatch rounds, or polling a writer's
+        dispatched state every millisecond when read-only."""
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            return dispatcher.wait_for(ready, timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not ready():
+            if time.monotonic() >= deadline or self._closed:
+                return False
+            time.sleep(READ_ONLY_POLL_S)
+        return True
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        dispatcher = self._dispatcher
+        return {
+            "write_position": self.commitlog.write_position,
+            "flushed_position": self.commitlog.flushed_position,
+            "min_position": self.commitlog.min_position,
+            "commitlog_files": self.commitlog.file_count,
+            "dispatched_position": dispatcher.position if dispatcher else None,
+            "dispatch_lag_bytes": dispatcher.lag_bytes() if dispatcher else None,
+            "open_fds": len(os.listdir("/proc/self/fd"))
+            if os.path.isdir("/proc/self/fd")
+            else None,
+            "recovered_from_crash": self.recovered_from_crash,
+            "open_ms": self.open_ms,
+        }
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _no_disk_usage() -> float:
+    return 0.0
+
+
+def _check_queue_id(queue_id: object) -> None:
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int | np.integer):
+        raise InvalidTypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
+    if not 0 <= int(queue_id) <= QUEUE_ID_MAX:
+        raise InvalidArgumentError(f"queue_id {queue_id} is outside [0, {QUEUE_ID_MAX}]")
+
+
+def _check_offset(value: object, name: str = "offset") -> None:
+    """Offsets and timestamps are non-negative ints; a negative offset is out of range."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        if name == "offset":
+            raise OffsetOutOfRangeError(f"offset {value} is negative")
+        raise InvalidArgumentError(f"{name} {value} is negative")
+
+
+def _check_count(name: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 1 <= value <= maximum:
+        raise InvalidArgumentError(f"{name} must be in [1, {maximum}], not {value}")

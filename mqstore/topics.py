@@ -1,0 +1,163 @@
+"""Topic metadata (``<root>/topics``): partitions, timestamp type, retention, policy.
+
+Format: one JSON document, written atomically (write ``topics.tmp``, fsync, rename,
+fsync the directory)::
+
+    {"format": "mqstore-topics", "version": 1,
+     "topics": {"<name>": {"partitions": 3, "timestamp_type": "CreateTime",
+                           "retention_ms": null, "retention_bytes": null,
+                           "cleanup_policy": "delete", "created_ms": 1700000000000}},
+     "checksum": "<xxh3_64 hex of the canonical JSON of 'topics'>"}
+
+Load validates the format, version, checksum and every field; a file that fails is
+refused with CorruptDataError (path, position 0): topic metadata is never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Final, Literal
+
+import attrs
+
+from commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidTypeError
+from commitlog.record import validate_topic
+from mqstore.atomic import json_checksum, write_json_atomically
+
+__all__ = ["TopicConfig", "TopicRegistry", "TOPICS_NAME"]
+
+TOPICS_NAME: Final = "topics"
+FORMAT: Final = "mqstore-topics"
+VERSION: Final = 1
+PARTITIONS_MAX: Final = 1 << 20  # queue ids are int32; a million partitions is plenty
+TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
+CLEANUP_POLICIES: Final = ("delete",)
+
+
+@attrs.frozen(kw_only=True)
+class TopicConfig:
+    """One topic's metadata. ``retention_*`` None means the store's default."""
+
+    name: str
+    partitions: int
+    timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    cleanup_policy: Literal["delete"] = "delete"
+    created_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        del data["name"]
+        return data
+
+
+def check_topic_config(config: TopicConfig) -> None:
+    """Raise InvalidArgumentError/InvalidTypeError unless every field is valid."""
+    validate_topic(config.name)
+    if isinstance(config.partitions, bool) or not isinstance(config.partitions, int):
+        raise InvalidTypeError("partitions must be an int")
+    if not 1 <= config.partitions <= PARTITIONS_MAX:
+        raise InvalidArgumentError(f"partitions must be in [1, {PARTITIONS_MAX}]")
+    if config.timestamp_type not in TIMESTAMP_TYPES:
+        raise InvalidArgumentError(f"timestamp_type must be one of {TIMESTAMP_TYPES}")
+    if config.cleanup_policy not in CLEANUP_POLICIES:
+        raise InvalidArgumentError(
+            f"cleanup_policy {config.cleanup_policy!r} is not supported (only 'delete')"
+        )
+    for name in ("retention_ms", "retention_bytes"):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidTypeError(f"{name} must be an int or None")
+        if value is not None and value < -1:
+            raise InvalidArgumentError(f"{name} must be -1 (unlimited), >= 0, or None")
+
+
+class TopicRegistry:
+    """The topics of one store, persisted in ``<root>/topics``."""
+
+    def __init__(self, root: str, read_only: bool) -> None:
+        self.path = os.path.join(root, TOPICS_NAME)
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicConfig] = {}
+        self._mtime_ns = 0
+        self.load()
+
+    def load(self) -> None:
+        """(Re)read the file. Raises CorruptDataError if it does not validate."""
+        try:
+            stat = os.stat(self.path)
+            with open(self.path, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            return
+        topics = _parse(self.path, raw)
+        with self._lock:
+            self._topics = topics
+            self._mtime_ns = stat.st_mtime_ns
+
+    def refresh(self) -> None:
+        """Read-only stores: pick up topics a writer created since."""
+        try:
+            mtime_ns = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime_ns != self._mtime_ns:
+            self.load()
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def all(self) -> dict[str, TopicConfig]:
+        return dict(self._topics)
+
+    def put(self, config: TopicConfig) -> TopicConfig:
+        """Add or replace a topic and persist the registry atomically."""
+        assert not self.read_only
+        check_topic_config(config)
+        if not config.created_ms:
+            config = attrs.evolve(config, created_ms=time.time_ns() // 1_000_000)
+        with self._lock:
+            topics = dict(self._topics)
+            topics[config.name] = config
+            self._write(topics)
+            self._topics = topics
+        return config
+
+    def _write(self, topics: dict[str, TopicConfig]) -> None:
+        body = {name: topic.to_json() for name, topic in sorted(topics.items())}
+        document = {
+            "format": FORMAT,
+            "version": VERSION,
+            "topics": body,
+            "checksum": json_checksum(body),
+        }
+        write_json_atomically(self.path, document)
+
+
+def _parse(path: str, raw: bytes) -> dict[str, TopicConfig]:
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        position = getattr(error, "pos", 0) or 0
+        raise CorruptDataError(path, position, f"not valid JSON: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise CorruptDataError(path, 0, "not an mqstore topics file")
+    if document.get("version") != VERSION:
+        raise CorruptDataError(path, 0, f"unsupported version {document.get('version')!r}")
+    body = document.get("topics")
+    if not isinstance(body, dict) or document.get("checksum") != json_checksum(body):
+        raise CorruptDataError(path, 0, "checksum mismatch")
+    topics = {}
+    for name, fields in body.items():
+        try:
+            config = TopicConfig(name=name, **fields)
+            check_topic_config(config)
+        except (TypeError, ValueError) as error:
+            raise CorruptDataError(path, 0, f"topic {name!r}: {error}") from None
+        topics[name] = config
+    return topics

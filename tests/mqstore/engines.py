@@ -1,0 +1,16 @@
+"""The engines the adapter's conformance tests run against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqstore import MessageStore, StoreConfig
+from tests.mqstore.conftest import SMALL
+
+ENGINES = ["commitlog"]
+
+
+def open_engine(kind: str, path: Any, **overrides: Any) -> Any:
+    if kind == "commitlog":
+        return MessageStore.open(path, StoreConfig(**{**SMALL, **overrides}))
+    raise AssertionError(f"unknown engine {kind}")

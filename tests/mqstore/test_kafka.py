@@ -1,0 +1,325 @@
+"""Conformance of the Kafka-style adapter, written against the engine interface only,
+so that it runs unchanged against every engine (parametrized by ``engine``)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+
+from mqstore import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    KafkaConsumer,
+    KafkaProducer,
+    OffsetAndMetadata,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+    TopicPartition,
+    UnknownTopicError,
+)
+from mqstore.kafka import murmur2
+from tests.mqstore.engines import ENGINES, open_engine
+
+
+@pytest.fixture(params=ENGINES)
+def engine_factory(request, tmp_path):
+    opened = []
+
+    def factory(**kwargs):
+        store = open_engine(request.param, tmp_path / "store", **kwargs)
+        opened.append(store)
+        return store
+
+    factory.kind = request.param
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def engine(engine_factory):
+    return engine_factory()
+
+
+def _drain(consumer, expected, timeout_s=5.0):
+    records = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < expected and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=100).values():
+            records.extend(batch)
+    return records
+
+
+def test_murmur2_matches_kafkas_test_vectors():
+    # From Kafka's UtilsTest.testMurmur2 (the Java client's partitioner hash).
+    assert murmur2(b"21") == -973932308
+    assert murmur2(b"foobar") == -790332482
+    assert murmur2(b"a-little-bit-long-string") == -985981536
+    assert murmur2(b"a-little-bit-longer-string") == -1486304829
+    assert murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") == -58897971
+    assert murmur2(b"abc") == 479470107
+
+
+def test_ordering_and_dense_offsets_within_a_partition(engine):
+    engine.create_topic("orders", 3)
+    producer = KafkaProducer(engine)
+    sent = [producer.send("orders", b"v%d" % i, partition=1).get(timeout=5) for i in range(50)]
+    assert [m.offset for m in sent] == list(range(50))
+    assert all(m.topic == "orders" and m.partition == 1 for m in sent)
+    assert sent[0].topic_partition == TopicPartition("orders", 1)
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("orders", 1)])
+    records = _drain(consumer, 50)
+    assert [r.offset for r in records] == list(range(50))
+    assert [r.value for r in records] == [b"v%d" % i for i in range(50)]
+    assert consumer.position(TopicPartition("orders", 1)) == 50
+
+
+def test_keys_go_to_stable_partitions(engine):
+    engine.create_topic("keyed", 8)
+    producer = KafkaProducer(engine)
+    placed = {}
+    for i in range(200):
+        key = b"user-%d" % (i % 20)
+        meta = producer.send("keyed", b"x", key=key).get()
+        placed.setdefault(key, set()).add(meta.partition)
+        assert meta.partition == (murmur2(key) & 0x7FFFFFFF) % 8
+    assert all(len(parts) == 1 for parts in placed.values())
+    assert len({p for parts in placed.values() for p in parts}) > 1
+
+
+def test_keyless_records_spread_round_robin(engine):
+    engine.create_topic("spread", 4)
+    producer = KafkaProducer(engine)
+    partitions = [producer.send("spread", b"x").get().partition for _ in range(8)]
+    assert sorted(set(partitions)) == [0, 1, 2, 3]
+
+
+def test_record_fields_round_trip(engine):
+    engine.create_topic("fields", 1)
+    producer = KafkaProducer(engine, key_serializer=str.encode, value_serializer=str.encode)
+    meta = producer.send(
+        "fields", "value", key="key", headers=[("h1", b"a"), ("h2", b"")], timestamp_ms=1234
+    ).get()
+    assert meta.timestamp == 1234
+    assert meta.serialized_key_size == 3
+    assert meta.serialized_value_size == 5
+    tomb = producer.send("fields", None, key="gone").get()
+    consumer = KafkaConsumer(
+        store=engine, auto_offset_reset="earliest", value_deserializer=bytes.decode,
+        key_deserializer=bytes.decode,
+    )  # fmt: skip
+    consumer.assign([TopicPartition("fields", 0)])
+    first, second = _drain(consumer, 2)
+    assert (first.key, first.value, first.timestamp) == ("key", "value", 1234)
+    assert first.headers == [("h1", b"a"), ("h2", b"")]
+    assert first.timestamp_type == 0
+    assert (second.offset, second.key, second.value) == (tomb.offset, "gone", None)
+
+
+def test_seek_commit_and_committed_across_reopen(engine_factory):
+    engine = engine_factory()
+    engine.create_topic("t", 2)
+    producer = KafkaProducer(engine)
+    for i in range(20):
+        producer.send("t", b"%d" % i, partition=i % 2)
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer = KafkaConsumer("t", store=engine, group_id="g1", auto_offset_reset="earliest",
+                             enable_auto_commit=False)  # fmt: skip
+    assert consumer.assignment() == {tp0, tp1}
+    records = _drain(consumer, 20)
+    assert len(records) == 20
+    consumer.commit({tp0: OffsetAndMetadata(7, "half", -1)})
+    consumer.commit({tp1: 10})
+    assert consumer.committed(tp0) == 7
+    assert consumer.committed(tp0, metadata=True) == OffsetAndMetadata(7, "half", -1)
+    consumer.seek(tp0, 3)
+    assert consumer.position(tp0) == 3
+    assert [r.offset for r in consumer.poll(timeout_ms=500)[tp0]][:1] == [3]
+    consumer.close()
+    engine.close()
+    engine = engine_factory()
+    again = KafkaConsumer("t", store=engine, group_id="g1", auto_offset_reset="latest")
+    assert again.committed(tp0) == 7
+    assert again.position(tp0) == 7  # resumes from the commit, not from the reset
+    assert again.position(tp1) == 10
+    other = KafkaConsumer("t", store=engine, group_id="g2", auto_offset_reset="latest")
+    assert other.committed(tp0) is None
+    assert other.position(tp0) == 10  # no commit: latest
+
+
+def test_offsets_for_times_edge_cases(engine):
+    engine.create_topic("times", 1)
+    producer = KafkaProducer(engine)
+    for ts in (100, 200, 200, 300, 150, 400):
+        producer.send("times", b"x", timestamp_ms=ts)
+    tp = TopicPartition("times", 0)
+    consumer = KafkaConsumer(store=engine)
+    found = consumer.offsets_for_times({tp: 0})
+    assert (found[tp].offset, found[tp].timestamp) == (0, 100)
+    assert consumer.offsets_for_times({tp: 200})[tp].offset == 1  # first of equals
+    assert consumer.offsets_for_times({tp: 201})[tp].offset == 3
+    assert consumer.offsets_for_times({tp: 150})[tp].offset == 1  # offset order
+    assert consumer.offsets_for_times({tp: 400})[tp].offset == 5
+    assert consumer.offsets_for_times({tp: 401})[tp] is None
+    with pytest.raises(ValueError):
+        consumer.offsets_for_times({tp: -1})
+    assert consumer.beginning_offsets([tp]) == {tp: 0}
+    assert consumer.end_offsets([tp]) == {tp: 6}
+
+
+def test_log_append_time_topic(engine):
+    engine.create_topic("lat", 1, timestamp_type="LogAppendTime")
+    producer = KafkaProducer(engine)
+    meta = producer.send("lat", b"x", timestamp_ms=5).get()
+    assert meta.timestamp > 1_000_000_000_000  # the append time, not 5
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("lat", 0)])
+    (record,) = _drain(consumer, 1)
+    assert record.timestamp == meta.timestamp
+    assert record.timestamp_type == 1
+
+
+def test_reset_on_out_of_range_positions(engine):
+    engine.create_topic("r", 1)
+    producer = KafkaProducer(engine)
+    for i in range(5):
+        producer.send("r", b"%d" % i)
+    tp = TopicPartition("r", 0)
+    earliest = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    earliest.assign([tp])
+    earliest.seek(tp, 99)  # beyond the log end
+    assert earliest.position(tp) == 0
+    latest = KafkaConsumer(store=engine, auto_offset_reset="latest")
+    latest.assign([tp])
+    latest.seek(tp, 99)
+    assert latest.position(tp) == 5
+    strict = KafkaConsumer(store=engine, auto_offset_reset="none")
+    strict.assign([tp])
+    with pytest.raises(OffsetOutOfRangeError):
+        strict.position(tp)  # no commit and no reset policy
+    strict.seek(tp, 99)
+    with pytest.raises(OffsetOutOfRangeError):
+        strict.poll(timeout_ms=0)
+
+
+def test_pause_resume_and_seek_to_end(engine):
+    engine.create_topic("p", 2)
+    producer = KafkaProducer(engine)
+    for i in range(10):
+        producer.send("p", b"x", partition=i % 2)
+    tp0, tp1 = TopicPartition("p", 0), TopicPartition("p", 1)
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    consumer.assign([tp0, tp1])
+    consumer.pause(tp1)
+    assert consumer.paused() == {tp1}
+    got = consumer.poll(timeout_ms=200)
+    assert set(got) == {tp0}
+    consumer.resume(tp1)
+    consumer.seek_to_end(tp0)
+    assert consumer.position(tp0) == 5
+    assert consumer.highwater(tp1) == 5
+    records = _drain(consumer, 5)
+    assert len(records) == 5
+    assert {TopicPartition(r.topic, r.partition) for r in records} == {tp1}
+
+
+def test_long_poll_wakes_within_10_ms_of_a_produce(engine):
+    engine.create_topic("lp", 1)
+    producer = KafkaProducer(engine)
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="latest")
+    tp = TopicPartition("lp", 0)
+    consumer.assign([tp])
+    consumer.position(tp)
+    delays_ms = []
+    for i in range(7):
+        sent_at: dict[str, float] = {}
+
+        def produce(i: int = i, sent_at: dict[str, float] = sent_at) -> None:
+            time.sleep(0.03)
+            sent_at["t"] = time.monotonic()
+            producer.send("lp", b"%d" % i)
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        records = consumer.poll(timeout_ms=5000)
+        woke = time.monotonic()
+        thread.join()
+        assert [r.value for r in records[tp]] == [b"%d" % i]
+        delays_ms.append((woke - sent_at["t"]) * 1000)
+    assert statistics.median(delays_ms) < 10, delays_ms
+
+
+def test_poll_times_out_empty(engine):
+    engine.create_topic("empty", 1)
+    consumer = KafkaConsumer("empty", store=engine, auto_offset_reset="earliest")
+    started = time.monotonic()
+    assert consumer.poll(timeout_ms=50) == {}
+    assert time.monotonic() - started >= 0.045
+
+
+def test_subscribe_pattern_and_topic_admin(engine):
+    engine.create_topic("logs.a", 2)
+    engine.create_topic("logs.b", 1)
+    engine.create_topic("other", 1)
+    consumer = KafkaConsumer(store=engine)
+    consumer.subscribe(pattern=r"logs\..*")
+    assert consumer.assignment() == {
+        TopicPartition("logs.a", 0),
+        TopicPartition("logs.a", 1),
+        TopicPartition("logs.b", 0),
+    }
+    assert set(engine.list_topics()) == {"logs.a", "logs.b", "other"}
+    engine.add_partitions("logs.b", 3)
+    assert engine.describe_topic("logs.b").partitions == 3
+    consumer.poll(timeout_ms=0)
+    assert TopicPartition("logs.b", 2) in consumer.assignment()
+    assert KafkaProducer(engine).partitions_for("logs.b") == {0, 1, 2}
+
+
+def test_bad_input_to_the_adapter(engine):
+    engine.create_topic("ok", 2)
+    producer = KafkaProducer(engine)
+    with pytest.raises(UnknownTopicError):
+        producer.send("missing", b"x")
+    with pytest.raises(UnknownTopicError):
+        producer.send("ok", b"x", partition=2)
+    with pytest.raises(InvalidTypeError):
+        producer.send("ok", "not bytes")
+    with pytest.raises(InvalidArgumentError):
+        producer.send("ok")
+    with pytest.raises(InvalidArgumentError):
+        engine.create_topic("ok", 1)
+    with pytest.raises(InvalidArgumentError):
+        engine.create_topic("../etc", 1)
+    with pytest.raises(InvalidArgumentError):
+        engine.create_topic("zero", 0)
+    with pytest.raises(InvalidArgumentError):
+        engine.add_partitions("ok", 1)  # never shrinks
+    with pytest.raises(InvalidArgumentError):
+        KafkaConsumer(store=engine, auto_offset_reset="sometimes")
+    with pytest.raises(InvalidArgumentError):
+        KafkaConsumer(store=engine, group_id="a/b")
+    consumer = KafkaConsumer(store=engine, group_id="g")
+    with pytest.raises(UnknownTopicError):
+        consumer.assign([TopicPartition("ok", 5)])
+    with pytest.raises(InvalidArgumentError):
+        consumer.commit({TopicPartition("ok", 0): -3})
+    producer.close()
+    with pytest.raises(StoreClosedError):
+        producer.send("ok", b"x")
+    assert engine.latest_offset("ok", 0) == 0  # nothing was written by any of it
+
+
+def test_linger_batches_through_one_append(engine):
+    engine.create_topic("b", 1)
+    producer = KafkaProducer(engine, linger_ms=10_000, batch_size=1 << 30)
+    futures = [producer.send("b", b"%d" % i) for i in range(100)]
+    assert not any(f.is_done for f in futures)
+    producer.flush()
+    assert [f.get(1).offset for f in futures] == list(range(100))
+    assert producer.send_batch("b", 0, [b"x"] * 10)[-1].offset == 109
+    producer.close()

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mqstore import (
+    DiskFullError,
+    KafkaConsumer,
+    KafkaProducer,
+    MessageStore,
+    OffsetOutOfRangeError,
+    StoreConfig,
+    TopicPartition,
+)
+from tests.mqstore.conftest import SMALL
+
+HOUR_MS = 3_600_000
+
+
+class World:
+    """A fake clock and an injected disk-usage probe."""
+
+    def __init__(self) -> None:
+        self.now_ms = 10 * HOUR_MS
+        self.disk_percent = 10.0
+
+    def clock(self) -> int:
+        return self.now_ms
+
+    def disk(self) -> float:
+        return self.disk_percent
+
+
+@pytest.fixture
+def world():
+    return World()
+
+
+@pytest.fixture
+def store(tmp_path, world):
+    config = StoreConfig(**{**SMALL, "commitlog_file_size_bytes": 64 * 1024, "retention_hours": 1.0,
+                            "retention_check_interval_ms": 3_600_000})  # fmt: skip
+    store = MessageStore.open(
+        tmp_path / "s", config, clock_ms=world.clock, disk_usage_percent=world.disk
+    )
+    yield store
+    store.close()
+
+
+def _fill(store, world, count, tick_ms=0, queue_id=0):
+    results = []
+    for i in range(count):
+        world.now_ms += tick_ms
+        results.append(store.put("t", queue_id, b"%06d" % i + b"." * 400, keys=[f"k{i}"]))
+    return results
+
+
+def test_time_retention_moves_the_log_start_and_consumequeue_minimum(store, world):
+    old = _fill(store, world, 1000)  # ~480 B each: 7 files of 64 KiB at t0
+    world.now_ms += 2 * HOUR_MS
+    new = _fill(store, world, 200, queue_id=0)
+    files_before = store.commitlog.file_count
+    report = store.run_retention()
+    assert report.deleted_files >= 5
+    assert store.commitlog.file_count == files_before - report.deleted_files
+    first_kept = store.min_offset("t", 0)
+    assert first_kept > 0
+    survivors = [r for r in old + new if r.physical_offset >= store.commitlog.min_position]
+    # Nothing beyond the deleted files is lost: every surviving message reads back.
+    assert survivors[0].queue_offset == first_kept
+    got = store.get("t", 0, first_kept, 1000)
+    assert [m.queue_offset for m in got] == [r.queue_offset for r in survivors]
+    with pytest.raises(OffsetOutOfRangeError):
+        store.get("t", 0, first_kept - 1, 1)
+    # Index files wholly before the log start are gone; keys of survivors still resolve.
+    hits = store.query_by_key("t", "k199", 0, 2**62, 5)  # offset 199 is gone, 1199 is not
+    assert [m.queue_offset for m in hits] == [1199]
+    # Data newer than the retention is never deleted.
+    assert store.run_retention().deleted_files == 0
+
+
+def test_size_retention(tmp_path, world):
+    config = StoreConfig(**{**SMALL, "commitlog_file_size_bytes": 64 * 1024,
+                            "retention_bytes": 3 * 64 * 1024})  # fmt: skip
+    with MessageStore.open(
+        tmp_path / "s", config, clock_ms=world.clock, disk_usage_percent=world.disk
+    ) as store:
+        _fill(store, world, 800)
+        store.run_retention()
+        assert store.commitlog.file_count <= 3
+        assert store.max_offset("t", 0) == 800
+
+
+def test_consumer_below_the_log_start_is_reset_or_errors(store, world):
+    store.create_topic("k", 1)
+    producer = KafkaProducer(store)
+    for i in range(600):
+        producer.send("k", b"%d" % i + b"." * 400)
+    tp = TopicPartition("k", 0)
+    earliest = KafkaConsumer(store=store, auto_offset_reset="earliest")
+    earliest.assign([tp])
+    earliest.seek(tp, 0)
+    strict = KafkaConsumer(store=store, auto_offset_reset="none")
+    strict.assign([tp])
+    strict.seek(tp, 0)
+    world.now_ms += 2 * HOUR_MS
+    producer.send("k", b"fresh")
+    store.run_retention()
+    start = store.min_offset("k", 0)
+    assert start > 0
+    records = earliest.poll(timeout_ms=500)[tp]
+    assert records[0].offset == start
+    with pytest.raises(OffsetOutOfRangeError):
+        strict.poll(timeout_ms=0)
+    assert KafkaConsumer(store=store).beginning_offsets([tp]) == {tp: start}
+
+
+def test_disk_watermarks_reject_and_resume(store, world):
+    _fill(store, world, 300)
+    world.disk_percent = 91.0
+    report = store.run_retention()
+    assert report.rejecting_writes
+    with pytest.raises(DiskFullError, match=r"91\.0%"):
+        store.put("t", 0, b"refused")
+    count = store.max_offset("t", 0)
+    world.disk_percent = 60.0
+    assert not store.run_retention().rejecting_writes
+    assert store.put("t", 0, b"accepted").queue_offset == count
+
+
+def test_force_watermark_deletes_unexpired_files_but_never_the_newest(store, world):
+    _fill(store, world, 600)
+    files = store.commitlog.file_count
+    world.disk_percent = 88.0  # above force, below reject: probe never drops
+    report = store.run_retention()
+    assert report.deleted_files == min(10, files - 1)
+    assert store.commitlog.file_count >= 1
+    assert store.put("t", 0, b"still writable").queue_offset == 600
+
+
+def test_retention_survives_reopen(tmp_path, world):
+    config = StoreConfig(
+        **{**SMALL, "commitlog_file_size_bytes": 64 * 1024, "retention_hours": 1.0}
+    )
+    path = tmp_path / "s"
+    with MessageStore.open(
+        path, config, clock_ms=world.clock, disk_usage_percent=world.disk
+    ) as store:
+        _fill(store, world, 400)
+        world.now_ms += 2 * HOUR_MS
+        _fill(store, world, 10)
+        store.run_retention()
+        start = store.min_offset("t", 0)
+    with MessageStore.open(
+        path, config, clock_ms=world.clock, disk_usage_percent=world.disk
+    ) as store:
+        assert store.min_offset("t", 0) == start
+        assert store.max_offset("t", 0) == 410
+        assert len(os.listdir(path / "commitlog")) >= 1

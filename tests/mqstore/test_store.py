@@ -1,0 +1,265 @@
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from mqstore import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LimitExceededError,
+    MessageStore,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+    StoreConfig,
+    StoreLockedError,
+)
+from tests.mqstore.conftest import SMALL
+
+
+def test_put_get_round_trip_with_fields(open_store):
+    store = open_store()
+    result = store.put(
+        "orders", 1, b"payload", keys=["o-1", "c-9"], tag="Created",
+        properties={"trace": "abc"}, born_timestamp_ms=1000,
+    )  # fmt: skip
+    assert result.queue_offset == 0
+    assert result.store_timestamp_ms > 0
+    store.put("orders", 1, b"second")
+    assert store.wait_for("orders", 1, 1, 2000)
+    messages = store.get("orders", 1, 0, 10)
+    assert [m.queue_offset for m in messages] == [0, 1]
+    first = messages[0]
+    assert isinstance(first.body, memoryview)  # zero-copy
+    assert bytes(first.body) == b"payload"
+    assert first.keys == ("o-1", "c-9")
+    assert first.tag == "Created"
+    assert first.properties == (("trace", b"abc"),)
+    assert first.born_timestamp_ms == 1000
+    assert first.store_timestamp_ms == result.store_timestamp_ms
+    assert first.physical_offset == result.physical_offset
+    assert store.min_offset("orders", 1) == 0
+    assert store.max_offset("orders", 1) == 2
+    assert store.get("orders", 1, 2, 10) == []
+
+
+def test_put_batch_and_get_across_consumequeue_files(open_store):
+    store = open_store()
+    results = store.put_batch(
+        "t", 0, [b"m%d" % i for i in range(300)], keys=[[f"k{i}"] for i in range(300)]
+    )
+    assert [r.queue_offset for r in results] == list(range(300))
+    assert store.wait_for("t", 0, 299, 2000)
+    got = []
+    offset = 0
+    while offset < 300:
+        batch = store.get("t", 0, offset, 500)
+        got.extend(batch)
+        offset += len(batch)
+    assert [bytes(m.body) for m in got] == [b"m%d" % i for i in range(300)]
+
+
+def test_query_by_key_newest_first_and_time_range(open_store):
+    clock = {"now": 1_000_000}
+    store = open_store(clock_ms=lambda: clock["now"])
+    for i in range(10):
+        clock["now"] += 1000
+        store.put("t", i % 3, b"v%d" % i, keys=["shared", f"only-{i}"])
+    store.put("other", 0, b"x", keys=["shared"])
+    assert store.wait_for("other", 0, 0, 2000)
+    hits = store.query_by_key("t", "shared", 0, 2**62, 64)
+    assert [bytes(m.body) for m in hits] == [b"v%d" % i for i in reversed(range(10))]
+    assert all(m.topic == "t" for m in hits)
+    assert [bytes(m.body) for m in store.query_by_key("t", "shared", 0, 2**62, 3)] == [
+        b"v9",
+        b"v8",
+        b"v7",
+    ]
+    window = store.query_by_key("t", "shared", 1_003_000, 1_005_000, 64)
+    assert [bytes(m.body) for m in window] == [b"v4", b"v3", b"v2"]
+    assert [bytes(m.body) for m in store.query_by_key("t", "only-4", 0, 2**62, 64)] == [b"v4"]
+    assert store.query_by_key("t", "missing", 0, 2**62, 64) == []
+
+
+def test_forced_hash_collisions_return_only_true_matches(open_store):
+    config = StoreConfig(**{**SMALL, "index_slot_count": 1})
+    store = open_store(config)
+    for i in range(200):
+        store.put("t", 0, b"%d" % i, keys=[f"key-{i % 20}"])
+    assert store.wait_for("t", 0, 199, 2000)
+    hits = store.query_by_key("t", "key-7", 0, 2**62, 64)
+    assert [int(bytes(m.body)) for m in hits] == [i for i in reversed(range(200)) if i % 20 == 7]
+    assert all("key-7" in m.keys for m in hits)
+
+
+def test_offset_for_time_boundaries(open_store):
+    store = open_store()
+    born = [100, 200, 200, 200, 300, 150, 400]  # CreateTime, one out of order
+    for i, ts in enumerate(born):
+        store.put("t", 0, b"%d" % i, born_timestamp_ms=ts)
+    assert store.wait_for("t", 0, len(born) - 1, 2000)
+    assert store.offset_for_time("t", 0, 0) == 0  # before the first
+    assert store.offset_for_time("t", 0, 100) == 0
+    assert store.offset_for_time("t", 0, 101) == 1
+    assert store.offset_for_time("t", 0, 200) == 1  # the first of equal timestamps
+    assert store.offset_for_time("t", 0, 250) == 4
+    assert store.offset_for_time("t", 0, 150) == 1  # offset order, not time order
+    assert store.offset_for_time("t", 0, 301) == 6
+    assert store.offset_for_time("t", 0, 401) is None  # after the last
+
+
+def test_log_append_time_topic_uses_store_time(open_store):
+    clock = {"now": 50_000}
+    store = open_store(clock_ms=lambda: clock["now"])
+    store.create_topic("lat", 1, timestamp_type="LogAppendTime")
+    for _ in range(5):
+        clock["now"] += 10
+        store.put("lat", 0, b"x", born_timestamp_ms=1)  # born time is ignored
+    assert store.wait_for("lat", 0, 4, 2000)
+    assert store.offset_for_time("lat", 0, 50_030) == 2
+
+
+def test_reopen_keeps_everything(tmp_path, small_config):
+    path = tmp_path / "s"
+    with MessageStore.open(path, small_config) as store:
+        for i in range(500):
+            store.put(f"t{i % 3}", i % 4, b"x" * (i % 50), keys=[f"k{i}"])
+    with MessageStore.open(path, small_config) as store:
+        assert not store.recovered_from_crash
+        total = sum(store.max_offset(f"t{t}", q) for t in range(3) for q in range(4))
+        assert total == 500
+        before = store.max_offset("t0", 0)
+        assert store.put("t0", 0, b"more").queue_offset == before
+        assert [bytes(m.body) for m in store.query_by_key("t1", "k1", 0, 2**62, 5)] == [b"x"]
+
+
+def test_crash_and_reopen_rebuilds_from_the_checkpoint(tmp_path, small_config):
+    path = tmp_path / "s"
+    store = MessageStore.open(path, small_config)
+    for i in range(400):
+        store.put("t", i % 2, b"%d" % i, keys=[f"k{i}"])
+    store._crash()
+    assert os.path.exists(path / "abort")
+    with MessageStore.open(path, small_config) as store:
+        assert store.recovered_from_crash
+        assert store.max_offset("t", 0) == 200
+        assert store.max_offset("t", 1) == 200
+        assert [bytes(m.body) for m in store.get("t", 1, 199, 5)] == [b"399"]
+        assert store.put("t", 1, b"next").queue_offset == 200
+        assert len(store.query_by_key("t", "k123", 0, 2**62, 5)) == 1
+
+
+def test_every_consumequeue_file_deleted_is_rebuilt(tmp_path, small_config):
+    path = tmp_path / "s"
+    with MessageStore.open(path, small_config) as store:
+        for i in range(1000):
+            store.put("t", i % 5, b"%d" % i, keys=[f"k{i}"])
+    shutil.rmtree(path / "consumequeue")
+    shutil.rmtree(path / "index")
+    with MessageStore.open(path, small_config) as store:
+        for q in range(5):
+            assert store.max_offset("t", q) == 200
+            assert [int(bytes(m.body)) for m in store.get("t", q, 0, 500)] == list(
+                range(q, 1000, 5)
+            )
+        assert [bytes(m.body) for m in store.query_by_key("t", "k777", 0, 2**62, 5)] == [b"777"]
+
+
+def test_second_writer_refused_and_read_only_reader_follows(tmp_path, small_config):
+    path = tmp_path / "s"
+    with MessageStore.open(path, small_config) as writer:
+        with pytest.raises(StoreLockedError):
+            MessageStore.open(path, small_config)
+        writer.put("t", 0, b"one", keys=["a"])
+        assert writer.wait_for("t", 0, 0, 2000)
+        with MessageStore.open(path, small_config, read_only=True) as reader:
+            assert reader.max_offset("t", 0) == 1
+            with pytest.raises(ReadOnlyStoreError):
+                reader.put("t", 0, b"no")
+            writer.put("t", 0, b"two")
+            assert reader.wait_for("t", 0, 1, 2000)
+            assert [bytes(m.body) for m in reader.get("t", 0, 0, 10)] == [b"one", b"two"]
+
+
+def test_long_poll_wakes_on_a_put_from_another_thread(open_store):
+    store = open_store()
+    woke = []
+
+    def consumer() -> None:
+        started = time.monotonic()
+        woke.append((store.wait_for("t", 0, 0, 5000), time.monotonic() - started))
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    time.sleep(0.05)
+    store.put("t", 0, b"x")
+    thread.join(5)
+    assert woke[0][0] is True
+    assert woke[0][1] < 1.0
+    assert store.wait_for("t", 0, 1, 20) is False  # nothing more: times out
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda s: s.put("a/b", 0, b"x"), InvalidArgumentError),
+        (lambda s: s.put("..", 0, b"x"), InvalidArgumentError),
+        (lambda s: s.put("t", -1, b"x"), InvalidArgumentError),
+        (lambda s: s.put("t", 0, "str"), InvalidTypeError),
+        (lambda s: s.put("t", 0, b"x" * (300 * 1024)), LimitExceededError),
+        (lambda s: s.get("t", 0, -1, 10), OffsetOutOfRangeError),
+        (lambda s: s.get("t", 0, 5, 10), OffsetOutOfRangeError),
+        (lambda s: s.get("t", 0, 0, 0), InvalidArgumentError),
+        (lambda s: s.get("t", 0, "0", 10), InvalidTypeError),
+        (lambda s: s.get("../x", 0, 0, 10), InvalidArgumentError),
+        (lambda s: s.offset_for_time("t", 0, -5), InvalidArgumentError),
+        (lambda s: s.query_by_key("t", 5, 0, 1, 10), InvalidTypeError),
+        (lambda s: s.query_by_key("t", "k", 0, 1, 0), InvalidArgumentError),
+        (lambda s: s.wait_for("t", 0, -1, 10), OffsetOutOfRangeError),
+    ],
+)
+def test_bad_input_gets_typed_errors_and_changes_nothing(open_store, call, error):
+    store = open_store()
+    store.put("t", 0, b"keep")
+    assert store.wait_for("t", 0, 0, 2000)
+    with pytest.raises(error):
+        call(store)
+    assert store.max_offset("t", 0) == 1
+    assert [bytes(m.body) for m in store.get("t", 0, 0, 10)] == [b"keep"]
+
+
+def test_closed_store_refuses_everything(tmp_path, small_config):
+    store = MessageStore.open(tmp_path / "s", small_config)
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StoreClosedError):
+        store.put("t", 0, b"x")
+    with pytest.raises(StoreClosedError):
+        store.get("t", 0, 0, 1)
+
+
+def test_config_must_be_a_store_config(tmp_path):
+    with pytest.raises(InvalidTypeError):
+        MessageStore.open(tmp_path / "s", {"flush_mode": "sync"})  # type: ignore[arg-type]
+
+
+def test_corrupt_consumequeue_unit_is_never_returned(tmp_path, small_config):
+    path = tmp_path / "s"
+    with MessageStore.open(path, small_config) as store:
+        for i in range(10):
+            store.put("t", 0, b"%d" % i)
+    # Point unit 3 at unit 4's record: the reader must notice the mismatch.
+    unit_file = next((path / "consumequeue" / "t" / "0").glob("0" * 20))
+    data = bytearray(unit_file.read_bytes())
+    data[3 * 20 : 4 * 20] = data[4 * 20 : 5 * 20]
+    unit_file.write_bytes(bytes(data))
+    with MessageStore.open(path, small_config) as store:
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 3)] == [b"0", b"1", b"2"]
+        with pytest.raises(CorruptDataError) as caught:
+            store.get("t", 0, 3, 1)
+        assert "does not match" in str(caught.value)
