@@ -145,14 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     p = result["paced"]
     print(
-        f"paced {p['target_rate']:,}/s (achieved {p['achieved_rate']:,.0f}/s, keyed={p['keyed']}): "
-        f"lag p50 {p['lag_ms_p50']:.2f} ms, p99 {p['lag_ms_p99']:.2f} ms, max {p['lag_ms_max']:.2f} ms"
+        f"paced {p['target_rate']:,}/s (achieved {p['achieved_rate']:,.0f}/s, "
+        f"keyed={p['keyed']}): lag p50 {p['lag_ms_p50']:.2f} ms, "
+        f"p99 {p['lag_ms_p99']:.2f} ms, max {p['lag_ms_max']:.2f} ms"
     )
     f = result["flat_out"]
     print(
         f"flat out {f['put_rate']:,.0f} msg/s: backlog median first half "
         f"{f['backlog_bytes_first_half_median']:,} B, second half "
-        f"{f['backlog_bytes_second_half_median']:,} B; drained {f['drain_s_after_stop']:.3f} s after stop"
+        f"{f['backlog_bytes_second_half_median']:,} B; "
+        f"drained {f['drain_s_after_stop']:.3f} s after stop"
     )
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:

@@ -109,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         config, fill_s = fill(root, args.keys)
         print(f"filled {args.keys:,} keyed messages in {fill_s:.1f} s", flush=True)
         with MessageStore.open(root, config) as store:
+            command = [sys.executable, "-m", "bench.lookup", *(argv or sys.argv[1:])]
             result = {
-                "command": " ".join([sys.executable, "-m", "bench.lookup", *(argv or sys.argv[1:])]),
+                "command": " ".join(command),
                 "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
                 "keys": args.keys,
                 "fill_s": fill_s,
