@@ -488,12 +488,13 @@ class CommitLog:
         keys: Sequence[Sequence[str] | str | None] | None = None,
         tags: Sequence[str | None] | str | None = None,
         properties: Sequence[Any] | None = None,
-        born_ts_ms: Sequence[int] | int | None = None,
+        born_ts_ms: Sequence[int | None] | int | None = None,
     ) -> BatchAppendResult:
         """Append many records to one queue under one lock acquisition and one flush.
 
         ``keys``, ``properties`` and a sequence of ``tags`` or ``born_ts_ms`` give one
-        item per body; a single ``tags`` str or ``born_ts_ms`` int applies to all.
+        item per body; a single ``tags`` str or ``born_ts_ms`` int applies to all. A
+        None born timestamp means the store timestamp.
         A crash mid-batch keeps a prefix of the batch (never a torn record).
 
         Raises:
@@ -565,7 +566,7 @@ class CommitLog:
         keys: Sequence[Any] | None,
         tags: Sequence[str | None] | str | None,
         properties: Sequence[Any] | None,
-        born_ts_ms: Sequence[int] | int | None,
+        born_ts_ms: Sequence[int | None] | int | None,
     ) -> list[tuple[int, int, bytes, bytes, bytes, Any, int | None]]:
         """Validate and encode every per-record section outside the lock."""
         count = len(bodies)
@@ -596,7 +597,8 @@ class CommitLog:
             born = shared_born
             if born_ts_ms is not None and shared_born is None:
                 born = born_ts_ms[index]  # type: ignore[index]
-                _check_timestamp(born)
+                if born is not None:  # None: the store timestamp, as for one append
+                    _check_timestamp(born)
             size = fixed + len(tag_b) + len(keys_b) + len(props_b) + len(body)
             if size > limit:
                 raise LimitExceededError(

@@ -60,6 +60,17 @@ class CommitLogEngine:
         def _check_writable(self) -> None: ...
         def _queue(self, topic: str, queue_id: int) -> Any: ...
         def _wait_until(self, ready: Callable[[], bool], timeout_ms: int) -> bool: ...
+        def put(
+            self,
+            topic: str,
+            queue_id: int,
+            body: bytes | bytearray | memoryview | None,
+            *,
+            keys: Sequence[str] | str = (),
+            tag: str | None = None,
+            properties: Any = None,
+            born_timestamp_ms: int | None = None,
+        ) -> PutResult: ...
         def put_batch(
             self,
             topic: str,
@@ -69,7 +80,7 @@ class CommitLogEngine:
             keys: Sequence[Sequence[str] | str | None] | None = None,
             tags: Sequence[str | None] | str | None = None,
             properties: Sequence[Any] | None = None,
-            born_timestamp_ms: Sequence[int] | int | None = None,
+            born_timestamp_ms: Sequence[int | None] | int | None = None,
         ) -> list[PutResult]: ...
         def get(
             self, topic: str, queue_id: int, offset: int, max_messages: int = 32
@@ -160,42 +171,30 @@ class CommitLogEngine:
         config = self._partition(topic, partition)
         if not records:
             return []
-        bodies: list[Any] = []
-        keys: list[Any] = []
-        properties: list[Any] = []
-        born: list[int] = []
-        sizes: list[tuple[int, int, int]] = []
-        now_ms = None
-        for record in records:
-            key, value, headers, timestamp_ms = record
-            _check_bytes("key", key)
-            _check_bytes("value", value)
-            pairs = list(headers or ())
-            header_size = sum(len(k) + len(v) for k, v in pairs)
-            if key is not None:
-                pairs.insert(0, (KEY_PROPERTY, key))
-            properties.append(pairs)
-            keys.append(_index_keys(key))
-            bodies.append(value)
-            if timestamp_ms is None:
-                if now_ms is None:
-                    now_ms = self.commitlog.now_ms()
-                timestamp_ms = now_ms
-            born.append(timestamp_ms)
-            sizes.append(
-                (0 if key is None else len(key), 0 if value is None else len(value), header_size)
-            )
-        results = self.put_batch(
-            topic, partition, bodies, keys=keys, properties=properties, born_timestamp_ms=born
-        )
         log_append = config.timestamp_type == "LogAppendTime"
+        prepared = [_prepare(record) for record in records]
+        if len(prepared) == 1:  # the per-message path skips the batch machinery
+            value, keys, pairs, born, sizes = prepared[0]
+            result = self.put(
+                topic, partition, value, keys=keys, properties=pairs, born_timestamp_ms=born
+            )
+            stamp = result.store_timestamp_ms if log_append or born is None else born
+            return [AppendedRecord(result.queue_offset, stamp, *sizes)]
+        results = self.put_batch(
+            topic,
+            partition,
+            [item[0] for item in prepared],
+            keys=[item[1] for item in prepared],
+            properties=[item[2] for item in prepared],
+            born_timestamp_ms=[item[3] for item in prepared],
+        )
         return [
             AppendedRecord(
                 result.queue_offset,
-                result.store_timestamp_ms if log_append else born_ms,
-                *size,
+                result.store_timestamp_ms if log_append or item[3] is None else item[3],
+                *item[4],
             )
-            for result, born_ms, size in zip(results, born, sizes, strict=True)
+            for result, item in zip(results, prepared, strict=True)
         ]
 
     def read_records(
@@ -233,6 +232,21 @@ class CommitLogEngine:
             return any(queue.max_offset > offset for queue, offset in queues)
 
         return self._wait_until(ready, timeout_ms)
+
+
+def _prepare(
+    record: ProducerRecord,
+) -> tuple[Any, tuple[str, ...], list[tuple[str, Any]] | None, int | None, tuple[int, int, int]]:
+    """(body, index keys, properties, born timestamp, serialized sizes) of a record."""
+    key, value, headers, timestamp_ms = record
+    _check_bytes("key", key)
+    _check_bytes("value", value)
+    pairs = list(headers) if headers else []
+    header_size = sum(len(name) + len(data) for name, data in pairs)
+    if key is not None:
+        pairs.insert(0, (KEY_PROPERTY, key))
+    sizes = (-1 if key is None else len(key), -1 if value is None else len(value), header_size)
+    return value, _index_keys(key), pairs or None, timestamp_ms, sizes
 
 
 def _check_bytes(name: str, value: object) -> None:

@@ -63,7 +63,7 @@ class StoreConfig:
     mlock: bool = attrs.field(default=False, validator=_BOOL)
     verify_checksum_on_read: bool = attrs.field(default=True, validator=_BOOL)
     # ConsumeQueue
-    consumequeue_units_per_file: int = attrs.field(default=300_000, validator=_int(4, 1 << 26))
+    consumequeue_units_per_file: int = attrs.field(default=300_000, validator=_int(4, 50_000_000))
     consumequeue_max_open_files: int = attrs.field(default=4096, validator=_int(8, 16_384))
     # IndexFile
     index_slot_count: int = attrs.field(default=5_000_000, validator=_int(1, 1 << 28))

@@ -131,18 +131,27 @@ def default_partitioner(key: bytes, all_partitions: Sequence[int], available: Se
 
 
 class FutureRecordMetadata:
-    """The result of ``send``: resolved at once (linger_ms=0) or at the next flush."""
+    """The result of ``send``: resolved at once (linger_ms=0) or at the next flush.
+
+    The Event a waiter blocks on is made only when someone waits on an unresolved
+    future, so the common linger_ms=0 send pays for no lock."""
+
+    __slots__ = ("_callbacks", "_done", "_event", "exception", "value")
 
     def __init__(self) -> None:
-        self._done = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self.value: RecordMetadata | None = None
         self.exception: BaseException | None = None
-        self._callbacks: list[tuple[Callable[..., Any], bool]] = []
+        self._callbacks: list[tuple[Callable[..., Any], bool]] | None = None
 
     def _resolve(self, value: RecordMetadata | None, error: BaseException | None) -> None:
         self.value, self.exception = value, error
-        self._done.set()
-        for callback, on_error in self._callbacks:
+        self._done = True
+        event = self._event
+        if event is not None:
+            event.set()
+        for callback, on_error in self._callbacks or ():
             self._run(callback, on_error)
 
     def _run(self, callback: Callable[..., Any], on_error: bool) -> None:
@@ -153,7 +162,7 @@ class FutureRecordMetadata:
 
     @property
     def is_done(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def succeeded(self) -> bool:
         return self.is_done and self.exception is None
@@ -163,21 +172,26 @@ class FutureRecordMetadata:
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """The record's metadata; raises the send's error, or TimeoutError."""
-        if not self._done.wait(timeout):
-            raise TimeoutError("the record was not sent within the timeout")
+        if not self._done:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._done:  # resolved between the two checks
+                    self._event.set()
+            if not self._event.wait(timeout):
+                raise TimeoutError("the record was not sent within the timeout")
         if self.exception is not None:
             raise self.exception
         assert self.value is not None
         return self.value
 
     def add_callback(self, callback: Callable[[RecordMetadata], Any]) -> FutureRecordMetadata:
-        self._callbacks.append((callback, False))
+        self._callbacks = [*(self._callbacks or ()), (callback, False)]
         if self.is_done:
             self._run(callback, False)
         return self
 
     def add_errback(self, errback: Callable[[BaseException], Any]) -> FutureRecordMetadata:
-        self._callbacks.append((errback, True))
+        self._callbacks = [*(self._callbacks or ()), (errback, True)]
         if self.is_done:
             self._run(errback, True)
         return self

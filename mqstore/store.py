@@ -402,7 +402,7 @@ class MessageStore(CommitLogEngine):
         keys: Sequence[Sequence[str] | str | None] | None = None,
         tags: Sequence[str | None] | str | None = None,
         properties: Sequence[Any] | None = None,
-        born_timestamp_ms: Sequence[int] | int | None = None,
+        born_timestamp_ms: Sequence[int | None] | int | None = None,
     ) -> list[PutResult]:
         """Append many messages to one queue under one lock and one flush.
 

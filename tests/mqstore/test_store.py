@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import threading
 import time
 
@@ -263,3 +264,33 @@ def test_corrupt_consumequeue_unit_is_never_returned(tmp_path, small_config):
         with pytest.raises(CorruptDataError) as caught:
             store.get("t", 0, 3, 1)
         assert "does not match" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_100k_queues_in_one_store(tmp_path):
+    """100,000 queues under this machine's 20,000 open-file cap: ConsumeQueue files
+    are mapped lazily behind a bounded cache (tmpfs when there is one: creating
+    200,000 files on the disk would dominate the test's time)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    root = tempfile.mkdtemp(prefix="mqstore-100k-", dir=base)
+    queues = 100_000
+    config = StoreConfig(**{**SMALL, "commitlog_file_size_bytes": 64 << 20,
+                            "consumequeue_units_per_file": 16, "consumequeue_max_open_files": 512,
+                            "checkpoint_interval_ms": 600_000})  # fmt: skip
+    try:
+        with MessageStore.open(root, config) as store:
+            fds_before = len(os.listdir("/proc/self/fd"))
+            for start in range(0, queues, 1000):
+                for queue_id in range(start, start + 1000):
+                    store.put("wide", queue_id, b"%d" % queue_id)
+                store._dispatcher.dispatch_available()
+            fds_peak = len(os.listdir("/proc/self/fd"))
+            assert fds_peak - fds_before <= 512 + 16
+            for queue_id in range(0, queues, 997):
+                (message,) = store.get("wide", queue_id, 0, 5)
+                assert bytes(message.body) == b"%d" % queue_id
+        with MessageStore.open(root, config) as store:
+            assert store.max_offset("wide", queues - 1) == 1
+            assert store.max_offset("wide", 54_321) == 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
