@@ -22,6 +22,8 @@ from mqstore import KafkaConsumer, KafkaProducer, MessageStore, StoreConfig, Top
 
 TOPIC = "orders"
 PARTITIONS = 8
+AUDIT_TOPIC = "audit"  # a second topic, RocketMQ-style: queues, tags and keys via put()
+AUDIT_QUEUES = 4
 
 
 @contextmanager
@@ -44,6 +46,10 @@ def produce(store: MessageStore, count: int) -> int:
             partition = (start // 1000) % PARTITIONS
             producer.send_batch(TOPIC, partition, [b'{"bulk": true}'] * size)
     producer.close()
+    with step(f"put {count // 10:,} audit events into topic '{AUDIT_TOPIC}' with tags and keys"):
+        for i in range(count // 10):
+            store.put(AUDIT_TOPIC, i % AUDIT_QUEUES, b"audit %d" % i, tag="Checked",
+                      keys=[f"audit-{i}"])  # fmt: skip
     return count
 
 
@@ -85,6 +91,13 @@ def look_up(store: MessageStore) -> None:
             {TopicPartition(TOPIC, p): target for p in range(PARTITIONS)}
         )
     print(f"  partition 0 -> {found[TopicPartition(TOPIC, 0)]}")
+    with step(f"get 32 messages of '{AUDIT_TOPIC}' queue 2 from offset 100"):
+        messages = store.get(AUDIT_TOPIC, 2, 100, 32)
+    first = messages[0]
+    print(f"  first: {first.value!r} tag={first.tag} keys={first.keys}")
+    with step(f"query key 'audit-4242' in '{AUDIT_TOPIC}'"):
+        audit_hits = store.query_by_key(AUDIT_TOPIC, "audit-4242", 0, 2**62, 4)
+    print(f"  found queue {audit_hits[0].queue_id} offset {audit_hits[0].queue_offset}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,15 +25,16 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import attrs
+import numpy as np
 
 from commitlog.commitlog import CommitLog
 from commitlog.errors import StoreError
 from commitlog.mapped_file import MappedFile
 
-__all__ = ["RetentionReport", "RetentionService", "disk_usage_percent"]
+__all__ = ["RetentionReport", "RetentionService", "disk_usage_percent", "topic_start_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +145,48 @@ class RetentionService:
         self._commitlog.reject_writes(
             f"disk usage {usage:.1f}% >= {self._reject_percent:.1f}%" if rejecting else None
         )
+
+
+def topic_start_offset(
+    queue: Any, now_ms: int, retention_ms: int | None, retention_bytes: int | None
+) -> int:
+    """The log start a topic's own retention allows for one of its queues.
+
+    Per-topic retention cannot delete CommitLog files (every file holds every topic),
+    so, like Kafka's deleteRecords, it moves the queue's log start offset: records
+    older than ``retention_ms`` (by the topic's timestamp type) and, beyond
+    ``retention_bytes`` of newest records, the rest, become unreadable; their bytes
+    go with their CommitLog files later.
+    """
+    low, high = queue.min_offset, queue.max_offset
+    cut = low
+    if retention_ms is not None and retention_ms >= 0 and low < high:
+        first_kept = queue.offset_for_time(max(now_ms - retention_ms, 0))
+        cut = high if first_kept is None else max(cut, first_kept)
+    if retention_bytes is not None and retention_bytes >= 0 and cut < high:
+        offset = high
+        while offset > cut:  # walk back from the newest unit, one file-sized view at a time
+            start = max(cut, offset - SIZE_SCAN_UNITS)
+            sizes = np.concatenate(
+                [chunk["size"] for chunk in _ranges(queue, start, offset)]
+            ).astype(np.int64)
+            totals = np.cumsum(sizes[::-1])
+            over = np.searchsorted(totals, retention_bytes, side="right")
+            if over < len(sizes):
+                cut = max(cut, offset - int(over))
+                break
+            retention_bytes -= int(totals[-1])
+            offset = start
+    return cut
+
+
+SIZE_SCAN_UNITS: Final = 1 << 16  # units read per step of a size-retention walk
+
+
+def _ranges(queue: Any, start: int, stop: int) -> list[np.ndarray]:
+    chunks = []
+    while start < stop:
+        units = queue.get_range(start, stop - start)
+        chunks.append(units)
+        start += len(units)
+    return chunks

@@ -225,6 +225,7 @@ class MessageStore(CommitLogEngine):
             redispatched += count
         if redispatched:
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
+        self._apply_topic_retention()  # log starts moved by topic retention are not on disk
         self._write_checkpoint()
 
     def _start_services(self) -> None:
@@ -261,11 +262,36 @@ class MessageStore(CommitLogEngine):
         assert self._retention is not None
         assert self._dispatcher is not None
         self._dispatcher.dispatch_available()
-        return self._retention.run_once()
+        report = self._retention.run_once()
+        self._apply_topic_retention()
+        return report
 
     def _after_retention(self, min_position: int) -> None:
         self.consume_queues.correct_min_offsets(min_position)
         self.index.delete_files_before(min_position)
+
+    def _apply_topic_retention(self) -> int:
+        """Move the log start of topics that have their own retention; return how
+        many queues moved."""
+        moved = 0
+        now_ms = self.commitlog.now_ms()
+        for topic in self.topics.all().values():
+            if topic.retention_ms is None and topic.retention_bytes is None:
+                continue
+            for partition in range(topic.partitions):
+                queue = self.consume_queues.queue(topic.name, partition)
+                start = retention.topic_start_offset(
+                    queue, now_ms, topic.retention_ms, topic.retention_bytes
+                )
+                if start <= queue.min_offset:
+                    continue
+                if start >= queue.max_offset:
+                    boundary = self.commitlog.write_position
+                else:
+                    boundary = int(queue.get(start)["commitlog_offset"])
+                queue.correct_min_offset(boundary)
+                moved += 1
+        return moved
 
     def close(self) -> None:
         """Flush everything, stop the services, write the checkpoint, remove ``abort``."""

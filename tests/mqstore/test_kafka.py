@@ -323,3 +323,25 @@ def test_linger_batches_through_one_append(engine):
     assert [f.get(1).offset for f in futures] == list(range(100))
     assert producer.send_batch("b", 0, [b"x"] * 10)[-1].offset == 109
     producer.close()
+
+
+def test_auto_commit_on_poll_and_close(engine):
+    engine.create_topic("ac", 1)
+    producer = KafkaProducer(engine)
+    for i in range(5):
+        producer.send("ac", b"%d" % i)
+    tp = TopicPartition("ac", 0)
+    consumer = KafkaConsumer("ac", store=engine, group_id="auto", auto_offset_reset="earliest",
+                             auto_commit_interval_ms=0)  # fmt: skip
+    assert len(_drain(consumer, 5)) == 5
+    consumer.poll(timeout_ms=0)  # the interval has passed: this poll commits the positions
+    assert consumer.committed(tp) == 5
+    producer.send("ac", b"5")
+    assert len(_drain(consumer, 1)) == 1
+    consumer.close()  # commits on close
+    assert KafkaConsumer(store=engine, group_id="auto").committed(tp) == 6
+    manual = KafkaConsumer("ac", store=engine, group_id="manual", enable_auto_commit=False,
+                           auto_offset_reset="earliest")  # fmt: skip
+    _drain(manual, 6)
+    manual.close()
+    assert KafkaConsumer(store=engine, group_id="manual").committed(tp) is None

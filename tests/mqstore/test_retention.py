@@ -158,3 +158,35 @@ def test_retention_survives_reopen(tmp_path, world):
         assert store.min_offset("t", 0) == start
         assert store.max_offset("t", 0) == 410
         assert len(os.listdir(path / "commitlog")) >= 1
+
+
+def test_topic_retention_by_time_moves_the_log_start(store, world):
+    store.create_topic("short", 2, retention_ms=60_000)
+    store.create_topic("keep", 1)
+    producer = KafkaProducer(store)
+    for i in range(10):
+        producer.send("short", b"old%d" % i, partition=i % 2)
+        producer.send("keep", b"k%d" % i)
+    world.now_ms += 120_000
+    for i in range(4):
+        producer.send("short", b"new%d" % i, partition=i % 2)
+    store.run_retention()
+    tp0 = TopicPartition("short", 0)
+    consumer = KafkaConsumer(store=store, auto_offset_reset="earliest")
+    assert consumer.beginning_offsets([tp0]) == {tp0: 5}
+    consumer.assign([tp0])
+    assert [r.value for r in consumer.poll(timeout_ms=500)[tp0]] == [b"new0", b"new2"]
+    assert store.min_offset("keep", 0) == 0  # other topics keep everything
+
+
+def test_topic_retention_by_bytes(store, world):
+    store.create_topic("capped", 1, retention_bytes=5 * 100)
+    producer = KafkaProducer(store)
+    for i in range(20):
+        producer.send("capped", b"%03d" % i + b"." * 60)  # records of ~100 bytes in the log
+    store.run_retention()
+    start = store.min_offset("capped", 0)
+    kept = store.get("capped", 0, start, 100)
+    assert 1 <= len(kept) <= 5
+    assert sum(m.size for m in kept) <= 500
+    assert bytes(kept[-1].body).startswith(b"019")
