@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from commitlog.commitlog import AppendResult
-from commitlog.record import Record, decode_keys, decode_properties
+from commitlog.record import Record
 
 __all__ = ["Message", "PutResult"]
 
@@ -13,51 +13,36 @@ __all__ = ["Message", "PutResult"]
 PutResult = AppendResult
 
 
-class Message:
+class Message(Record):
     """One stored message. ``body`` is a zero-copy memoryview into the CommitLog
     (None for a tombstone); copy it (``bytes(message.body)``) to keep it past the
-    store's retention of that file."""
+    store's retention of that file. Fields: topic, queue_id, queue_offset,
+    physical_offset, size, born_timestamp_ms, store_timestamp_ms, tag, keys,
+    properties, body."""
 
-    __slots__ = (
-        "_keys_raw",
-        "_properties_raw",
-        "body",
-        "born_timestamp_ms",
-        "physical_offset",
-        "queue_id",
-        "queue_offset",
-        "size",
-        "store_timestamp_ms",
-        "tag",
-        "topic",
-    )
-
-    def __init__(self, record: Record) -> None:
-        self.topic = record.topic
-        self.queue_id = record.queue_id
-        self.queue_offset = record.queue_offset
-        self.physical_offset = record.physical_offset
-        self.size = record.size
-        self.born_timestamp_ms = record.born_ts_ms
-        self.store_timestamp_ms = record.store_ts_ms
-        self.tag = record.tag
-        self.body = record.body
-        self._keys_raw = record.keys_raw
-        self._properties_raw = record.properties_raw
+    __slots__ = ()
 
     @property
-    def keys(self) -> tuple[str, ...]:
-        return decode_keys(self._keys_raw)
+    def born_timestamp_ms(self) -> int:
+        return self.born_ts_ms
 
     @property
-    def properties(self) -> tuple[tuple[str, bytes], ...]:
-        """(key, value) pairs in the order they were given; keys may repeat."""
-        return decode_properties(self._properties_raw)
+    def store_timestamp_ms(self) -> int:
+        return self.store_ts_ms
 
     @property
     def value(self) -> bytes | None:
         """The body as bytes (a copy)."""
         return None if self.body is None else bytes(self.body)
+
+    @classmethod
+    def of(cls, record: Record) -> Message:
+        """The message of a record decoded as a plain Record."""
+        return cls(
+            record.size, record.queue_offset, record.physical_offset, record.born_ts_ms,
+            record.store_ts_ms, record.queue_id, record.flags, record.topic, record.tag,
+            record.keys_raw, record.properties_raw, record.body,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         body_len = -1 if self.body is None else len(self.body)

@@ -45,7 +45,7 @@ from commitlog.errors import (
     StoreClosedError,
 )
 from commitlog.lock import StoreLock, clear_abort, mark_abort
-from commitlog.record import validate_topic
+from commitlog.record import decode_run, validate_topic
 from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from dispatch.dispatcher import Dispatcher
 from indexfile import IndexConfig, IndexService
@@ -499,31 +499,31 @@ class MessageStore(CommitLogEngine):
             units = queue.get_range(offset, max_messages - len(messages))
             if len(units) == 0:
                 break
-            for index, (physical, size) in enumerate(
-                zip(units["commitlog_offset"].tolist(), units["size"].tolist(), strict=True)
-            ):
-                messages.append(self._message_at(physical, size, topic, queue_id, offset + index))
+            physicals = units["commitlog_offset"].tolist()
+            sizes = units["size"].tolist()
+            start = 0
+            while start < len(physicals):  # one run per CommitLog file the units touch
+                mapped = self.commitlog.file_for(physicals[start])
+                file_end = mapped.start_offset + mapped.size_bytes
+                stop = start + 1
+                while stop < len(physicals) and physicals[stop] < file_end:
+                    stop += 1
+                messages.extend(
+                    decode_run(
+                        mapped.mapping,
+                        mapped.path,
+                        mapped.start_offset,
+                        physicals[start:stop],
+                        sizes[start:stop],
+                        topic,
+                        queue_id,
+                        offset + start,
+                        Message,
+                    )
+                )
+                start = stop
             offset += len(units)
         return messages
-
-    def _message_at(
-        self, physical: int, size: int, topic: str, queue_id: int, queue_offset: int
-    ) -> Message:
-        """The verified record a ConsumeQueue unit points at; it must be that unit's."""
-        record = self.commitlog.record_at(physical)
-        if (
-            record.size != size
-            or record.queue_offset != queue_offset
-            or record.queue_id != queue_id
-            or record.topic != topic
-        ):
-            mapped = self.commitlog.file_for(physical)
-            raise CorruptDataError(
-                mapped.path,
-                physical - mapped.start_offset,
-                f"ConsumeQueue unit of {topic}/{queue_id} does not match the record there",
-            )
-        return Message(record)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
         """The first queue offset whose timestamp is >= ``timestamp_ms`` (the topic's
@@ -567,7 +567,7 @@ class MessageStore(CommitLogEngine):
                 and key in record.keys
             )
             if ok:
-                found[physical] = Message(record)
+                found[physical] = Message.of(record)
             return ok
 
         offsets = self.index.query(

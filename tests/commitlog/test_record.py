@@ -179,3 +179,35 @@ def test_tag_hash_is_signed_64_bit_and_zero_for_none():
     value = record.tag_hash(b"TagA")
     assert -(2**63) <= value < 2**63
     assert value == record.tag_hash(b"TagA")
+
+
+def test_decode_run_checks_each_record_against_its_unit():
+    buffer = bytearray(4096)
+    physicals, sizes = [], []
+    position = 0
+    for i in range(5):
+        body = b"body-%d" % i
+        size = record.HEADER_SIZE + 1 + len(body)
+        record.encode_into(buffer, position, 1000 + position, size, 10 + i, 1, 2, 3, 0, b"t",
+                           b"", b"", b"", body)  # fmt: skip
+        physicals.append(1000 + position)
+        sizes.append(size)
+        position += size
+    decoded = record.decode_run(buffer, "f", 1000, physicals, sizes, "t", 3, 10, record.Record)
+    assert [bytes(r.body) for r in decoded] == [b"body-%d" % i for i in range(5)]
+    assert [r.queue_offset for r in decoded] == list(range(10, 15))
+    for wrong in (
+        dict(topic="u"),  # another topic's record
+        dict(queue_id=4),
+        dict(first_queue_offset=11),  # a unit pointing at its neighbour's record
+    ):
+        args = dict(topic="t", queue_id=3, first_queue_offset=10) | wrong
+        with pytest.raises(CorruptDataError, match="position 0"):
+            record.decode_run(
+                buffer, "f", 1000, physicals, sizes, args["topic"], args["queue_id"],
+                args["first_queue_offset"], record.Record,
+            )  # fmt: skip
+    buffer[physicals[2] - 1000 + 70] ^= 1  # a flipped bit in the third body
+    with pytest.raises(CorruptDataError, match="checksum") as caught:
+        record.decode_run(buffer, "f", 1000, physicals, sizes, "t", 3, 10, record.Record)
+    assert caught.value.position == physicals[2] - 1000
