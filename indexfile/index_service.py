@@ -182,6 +182,8 @@ class IndexService:
         ]
         with self._lock:
             self._check_writable()
+            if self._put_batch_at_once(messages):
+                return
             pending = _Pending()
             file = self._files[-1] if self._files else None
             try:
@@ -196,6 +198,42 @@ class IndexService:
             finally:
                 if file is not None:
                     pending.write_to(file)
+
+    def _put_batch_at_once(self, messages: list[tuple[list[int], int, int]]) -> bool:
+        """The dispatcher's common case in one numpy write: every message is new,
+        times do not go back, and all entries fit the newest file. Returns False
+        (nothing written) when any of that does not hold; put_batch then goes
+        message by message."""
+        if not messages or not self._files:
+            return False
+        newest = self._files[-1]
+        first_offset, first_ts_ms = messages[0][1], messages[0][2]
+        last_ts_ms = messages[-1][2]
+        if first_offset <= self._last_offset or first_ts_ms < self._last_ts_min_ms:
+            return False
+        if not newest.index_count or not newest.delta_fits(last_ts_ms):
+            return False
+        hashes: list[int] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        previous_offset, previous_ts_ms = self._last_offset, first_ts_ms
+        for message_hashes, physical_offset, ts_ms in messages:
+            if physical_offset <= previous_offset or ts_ms < previous_ts_ms or not message_hashes:
+                return False
+            hashes.extend(message_hashes)
+            offsets.extend([physical_offset] * len(message_hashes))
+            stamps.extend([ts_ms] * len(message_hashes))
+            previous_offset, previous_ts_ms = physical_offset, ts_ms
+        if len(hashes) > newest.remaining:
+            return False
+        newest.append_batch(
+            np.array(hashes, dtype=np.int64),
+            np.array(offsets, dtype=np.int64),
+            np.array(stamps, dtype=np.int64),
+        )
+        self._last_offset = previous_offset
+        self._last_ts_min_ms = newest.newest_ts_min_ms()
+        return True
 
     def _newest_with_room(self, key_count: int, store_ts_ms: int, pending: _Pending) -> IndexFile:
         """The newest file if ``key_count`` more entries (after ``pending``) fit and
