@@ -1,0 +1,154 @@
+"""From ``ProducerRecord``s to one record batch (Kafka's MemoryRecordsBuilder on the
+client plus the checks of the broker's LogValidator).
+
+Each call builds exactly one batch, as a producer with linger 0 sends one batch per
+send. Everything is checked before anything is written: a bad record rejects the
+whole call and changes nothing.
+
+Timestamps: CreateTime takes the record's ``timestamp_ms`` or ``now_ms``. A
+LogAppendTime topic keeps the producer's timestamps in the records, sets attribute
+bit 3 and writes the append time as the batch's max timestamp, which is what every
+reader reports for its records (as Kafka's broker does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
+
+from commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
+from segmented.record_batch import HEADER_SIZE, build_batch, encode_record
+
+__all__ = ["RECORDS_PER_BATCH_MAX", "BuiltBatch", "build"]
+
+RECORDS_PER_BATCH_MAX: Final = 1 << 20  # one batch holds the partition lock; bound how long
+TIMESTAMP_MAX_MS: Final = 2**63 - 1
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview)
+
+
+class BuiltBatch(NamedTuple):
+    """A batch ready to append (base offset still 0) and what each record became."""
+
+    batch: bytearray
+    record_count: int
+    max_timestamp_ms: int
+    # per record: (timestamp_ms, serialized key size, value size, header size), -1 = none
+    sizes: list[tuple[int, int, int, int]]
+
+
+def build(
+    records: Sequence[Any], now_ms: int, log_append_time: bool, size_max_bytes: int
+) -> BuiltBatch:
+    """Validate ``records`` and encode them as one batch.
+
+    Raises:
+        InvalidTypeError: a record, key, value, header or timestamp of the wrong type.
+        InvalidArgumentError: no records, a negative timestamp.
+        LimitExceededError: more than RECORDS_PER_BATCH_MAX records, or a batch
+            larger than ``size_max_bytes``.
+    """
+    if type(records) not in (list, tuple) and (  # the ABC check is slow: lists skip it
+        not isinstance(records, Sequence) or isinstance(records, (str, bytes))
+    ):
+        raise InvalidTypeError(f"records must be a sequence, not {type(records).__name__}")
+    count = len(records)
+    if count == 0:
+        raise InvalidArgumentError("records must hold at least one record")
+    if count > RECORDS_PER_BATCH_MAX:
+        raise LimitExceededError(f"one call appends at most {RECORDS_PER_BATCH_MAX} records")
+    encoded: list[bytes] = []
+    sizes: list[tuple[int, int, int, int]] = []
+    base_timestamp_ms = max_timestamp_ms = -1
+    total_bytes = HEADER_SIZE
+    for offset_delta, record in enumerate(records):
+        try:
+            key, value, headers, timestamp_ms = (
+                record.key, record.value, record.headers, record.timestamp_ms
+            )  # fmt: skip
+        except AttributeError:
+            raise InvalidTypeError(
+                f"record {offset_delta} is a {type(record).__name__}, not a ProducerRecord"
+            ) from None
+        if timestamp_ms is None:
+            timestamp_ms = now_ms
+        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms <= TIMESTAMP_MAX_MS:
+            timestamp_ms = _timestamp(timestamp_ms)
+        if offset_delta == 0:
+            base_timestamp_ms = timestamp_ms
+        if timestamp_ms > max_timestamp_ms:
+            max_timestamp_ms = timestamp_ms
+        if key is not None and type(key) is not bytes:
+            key = _bytes(key, "key")
+        if value is not None and type(value) is not bytes:
+            value = _bytes(value, "value")
+        if headers:
+            header_pairs, header_size = _headers(headers)
+        elif headers is None or type(headers) is list or type(headers) is tuple:
+            header_pairs, header_size = [], -1
+        else:
+            raise InvalidTypeError(f"headers must be a sequence, not {type(headers).__name__}")
+        data = encode_record(
+            offset_delta, timestamp_ms - base_timestamp_ms, key, value, header_pairs
+        )
+        total_bytes += len(data)
+        if total_bytes > size_max_bytes:
+            raise LimitExceededError(
+                f"the batch exceeds the {size_max_bytes}-byte limit at record {offset_delta}"
+            )
+        encoded.append(data)
+        sizes.append(
+            (
+                now_ms if log_append_time else timestamp_ms,
+                -1 if key is None else len(key),
+                -1 if value is None else len(value),
+                header_size,
+            )
+        )
+    if log_append_time:
+        max_timestamp_ms = now_ms
+    batch = build_batch(encoded, base_timestamp_ms, max_timestamp_ms, log_append_time)
+    return BuiltBatch(batch, count, max_timestamp_ms, sizes)
+
+
+def _timestamp(value: object) -> int:
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTypeError(f"timestamp_ms must be an int, not {type(value).__name__}")
+        value = int(value)
+    if not 0 <= value <= TIMESTAMP_MAX_MS:
+        raise InvalidArgumentError(f"timestamp_ms {value} is outside [0, 2**63 - 1]")
+    return value
+
+
+def _bytes(value: object, name: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, _BYTES_LIKE):
+        return bytes(value)
+    raise InvalidTypeError(f"{name} must be bytes or None, not {type(value).__name__}")
+
+
+def _headers(headers: Any) -> tuple[list[tuple[bytes, bytes]], int]:
+    """UTF-8 encoded (key, value) pairs and their size."""
+    pairs: list[tuple[bytes, bytes]] = []
+    size = 0
+    try:
+        for header_key, header_value in headers:
+            if not isinstance(header_key, str):
+                raise InvalidTypeError(
+                    f"a header key must be a str, not {type(header_key).__name__}"
+                )
+            value = _bytes(header_value, "a header value")
+            if value is None:
+                raise InvalidTypeError("a header value must be bytes, not None")
+            try:
+                encoded_key = header_key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArgumentError(f"header key {header_key!r} is not UTF-8") from None
+            pairs.append((encoded_key, value))
+            size += len(encoded_key) + len(value)
+    except (TypeError, ValueError) as error:
+        if isinstance(error, (InvalidTypeError, InvalidArgumentError)):
+            raise
+        raise InvalidTypeError(f"headers must be (str, bytes) pairs: {error}") from None
+    return pairs, size

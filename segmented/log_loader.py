@@ -1,0 +1,169 @@
+"""Loading one partition directory at open (Kafka's LogLoader).
+
+1. Remove leftovers: ``*.deleted`` files (a deletion the last run did not finish) and
+   index files without their ``.log``.
+2. Load every segment in base offset order; a missing or insane index is rebuilt
+   from its ``.log`` (``LogSegment.load``).
+3. After a clean shutdown, trust the files: the log end offset is read by scanning
+   the active segment from its last index entry, and the recovery point is the log
+   end offset. If that tail scan meets a bad batch, the active segment is recovered.
+4. After a crash, recover every segment from the one holding the recovery point:
+   validate each batch, rebuild the indexes, truncate at the first bad batch, and
+   delete all later segments once one was truncated or ends short of the next base
+   offset (offsets stay dense). The recovery point becomes min(checkpoint, log end):
+   it only advances when a flush makes the bytes durable.
+5. The log start offset is max(checkpoint, first base offset); if it lies past the
+   log end (the tail was lost), the log is emptied and starts there (Kafka's
+   truncateFullyAndStartAt).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from bisect import bisect_right
+from typing import Final
+
+import attrs
+
+from commitlog.errors import CorruptDataError
+from segmented.files import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_base_offset,
+)
+from segmented.index_file import MappedIndexCache
+from segmented.segment import LogSegment, SegmentSettings
+
+__all__ = ["LoadedLog", "load_partition"]
+
+log = logging.getLogger(__name__)
+
+OFFSET_MAX: Final = 2**63 - 1
+
+
+@attrs.frozen(kw_only=True)
+class LoadedLog:
+    segments: list[LogSegment]
+    next_offset: int
+    log_start_offset: int
+    recovery_point: int
+
+
+def load_partition(
+    directory: str,
+    settings: SegmentSettings,
+    cache: MappedIndexCache,
+    *,
+    clean_shutdown: bool,
+    recovery_point: int,
+    log_start_offset: int,
+) -> LoadedLog:
+    """Open (or create) the partition in ``directory`` and recover it if needed.
+
+    The returned last segment is active (indexes mapped writable).
+
+    Raises:
+        CorruptDataError: only if a segment that must be kept cannot be read at all.
+    """
+    os.makedirs(directory, exist_ok=True)
+    bases = _remove_leftovers(directory)
+    # After a crash, segments from the one holding the recovery point are rebuilt
+    # anyway: checking their indexes first would only scan them twice.
+    first_recovered = len(bases) if clean_shutdown else _holding(bases, recovery_point)
+    segments = [
+        LogSegment.load(
+            directory, base, settings, cache, _next_base(bases, i), i >= first_recovered
+        )
+        for i, base in enumerate(bases)
+    ]
+    if not segments:
+        segments = [LogSegment.create(directory, log_start_offset, settings, cache)]
+        return LoadedLog(
+            segments=segments,
+            next_offset=log_start_offset,
+            log_start_offset=log_start_offset,
+            recovery_point=log_start_offset,
+        )
+    next_offset = None
+    if clean_shutdown:
+        try:
+            next_offset = segments[-1].read_next_offset()
+            recovery_point = next_offset
+        except CorruptDataError as error:
+            log.warning("%s after a clean shutdown: %s; recovering it", directory, error)
+            recovery_point = min(recovery_point, segments[-1].base_offset)
+    if next_offset is None:
+        next_offset = _recover(segments, recovery_point)
+        recovery_point = min(recovery_point, next_offset)
+    segments[-1].become_active()
+    log_start_offset = max(log_start_offset, segments[0].base_offset)
+    if log_start_offset > next_offset:
+        log.warning("%s: log start %d is past the log end %d; emptying the log",
+                    directory, log_start_offset, next_offset)  # fmt: skip
+        _delete(segments)
+        segments = [LogSegment.create(directory, log_start_offset, settings, cache)]
+        next_offset = recovery_point = log_start_offset
+    return LoadedLog(
+        segments=segments,
+        next_offset=next_offset,
+        log_start_offset=log_start_offset,
+        recovery_point=recovery_point,
+    )
+
+
+def _holding(bases: list[int], offset: int) -> int:
+    """Index of the segment holding ``offset`` (the first one if it is before all)."""
+    return max(0, bisect_right(bases, offset) - 1)
+
+
+def _next_base(bases: list[int], i: int) -> int:
+    return bases[i + 1] if i + 1 < len(bases) else OFFSET_MAX
+
+
+def _recover(segments: list[LogSegment], recovery_point: int) -> int:
+    """Recover ``segments`` (in place) from the one holding the recovery point;
+    return the log end offset."""
+    first = _holding([s.base_offset for s in segments], recovery_point)
+    next_offset = segments[first].base_offset
+    for i in range(first, len(segments)):
+        segment = segments[i]
+        result = segment.recover()
+        next_offset = result.next_offset
+        if i == len(segments) - 1:
+            break
+        if result.truncated_bytes or next_offset != segments[i + 1].base_offset:
+            log.warning(
+                "%s: recovery stopped at offset %d; deleting %d later segments",
+                segment.log_path, next_offset, len(segments) - i - 1,
+            )  # fmt: skip
+            _delete(segments[i + 1 :])
+            del segments[i + 1 :]
+            break
+        segment.become_inactive()
+    return next_offset
+
+
+def _delete(segments: list[LogSegment]) -> None:
+    for segment in segments:
+        segment.mark_deleted()
+        destroyed = segment.destroy()
+        assert destroyed  # nobody reads while the store opens
+
+
+def _remove_leftovers(directory: str) -> list[int]:
+    """Delete ``*.deleted`` and orphaned index files; return the base offsets of
+    the ``.log`` files, sorted."""
+    names = os.listdir(directory)
+    bases = {parse_base_offset(name, LOG_SUFFIX) for name in names} - {None}
+    for name in names:
+        orphan = any(
+            parse_base_offset(name, suffix) not in (None, *bases)
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+        )
+        if name.endswith(DELETED_SUFFIX) or orphan:
+            log.info("removing leftover %s", os.path.join(directory, name))
+            os.unlink(os.path.join(directory, name))
+    return sorted(base for base in bases if base is not None)

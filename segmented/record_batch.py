@@ -1,0 +1,529 @@
+"""Kafka record batch v2 (magic 2): the bytes of every ``.log`` file.
+
+Batch layout (big-endian; a 61-byte header, then the records)::
+
+    position size field
+           0    8 base_offset             offset of the first record
+           8    4 length                  bytes after this field (batch size - 12)
+          12    4 partition_leader_epoch  0: one writer, never re-elected
+          16    1 magic                   2
+          17    4 crc                     CRC-32C (Castagnoli) of bytes 21 to the end
+          21    2 attributes              bits 0-2 compression (0 none), bit 3 LogAppendTime
+          23    4 last_offset_delta       records_count - 1 (offsets are dense here)
+          27    8 base_timestamp          the first record's timestamp
+          35    8 max_timestamp           the largest record timestamp, or the append
+                                          time when bit 3 is set
+          43    8 producer_id             -1: no idempotent producer
+          51    2 producer_epoch          -1
+          53    4 base_sequence           -1
+          57    4 records_count
+          61      records
+
+Record (varints are zig-zag, as protobuf's sint)::
+
+    length varint | attributes int8 (0) | timestamp_delta varlong | offset_delta varint
+    | key_length varint (-1 null) | key | value_length varint (-1 null) | value
+    | headers_count varint | per header: key_length varint, utf-8 key,
+                                          value_length varint (-1 null), value
+
+The CRC leaves out base_offset, length, epoch and magic: the writer fills in
+base_offset under the append lock without recomputing it. Recovery therefore also
+checks that base offsets run on without a gap (``check_batch`` does not).
+
+Decoding errors never escape as IndexError or struct.error: they become
+``MalformedBatchError`` here, and the segment that read the bytes turns that into
+``CorruptDataError`` with its file and position.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from crc32c import crc32c
+
+from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, EngineRecord
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "BatchHeader",
+    "MalformedBatchError",
+    "batch_size_at",
+    "build_batch",
+    "check_batch",
+    "check_crc",
+    "Decoded",
+    "decode_batches",
+    "decode_records",
+    "encode_record",
+    "read_varint",
+    "set_base_offset",
+    "zigzag_varint",
+]
+
+HEADER: Final = struct.Struct(
+    ">q"  # base_offset
+    "i"  # length: bytes after this field
+    "i"  # partition_leader_epoch
+    "b"  # magic
+    "I"  # crc: CRC-32C from attributes to the end
+    "h"  # attributes
+    "i"  # last_offset_delta
+    "q"  # base_timestamp
+    "q"  # max_timestamp
+    "q"  # producer_id
+    "h"  # producer_epoch
+    "i"  # base_sequence
+    "i"  # records_count
+)
+HEADER_SIZE: Final = HEADER.size
+assert HEADER_SIZE == 61
+# The same header in two parts: what the CRC leaves out (through the CRC itself), and
+# what it covers. The writer packs the covered part, runs the CRC on it and on the
+# records, then packs the prefix with the CRC in it.
+PREFIX: Final = struct.Struct(">qiibI")  # base_offset, length, epoch, magic, crc
+COVERED: Final = struct.Struct(">hiqqqhii")  # attributes ... records_count
+assert PREFIX.size + COVERED.size == HEADER_SIZE
+# What a scan needs to step over a batch without decoding it: through last_offset_delta.
+SKIP: Final = struct.Struct(">qiibIhi")
+BASE_OFFSET: Final = struct.Struct(">q")
+LENGTH: Final = struct.Struct(">i")
+LENGTH_POSITION: Final = struct.calcsize(">q")
+LOG_OVERHEAD: Final = struct.calcsize(">qi")  # base_offset + length: what length leaves out
+CRC_POSITION: Final = struct.calcsize(">qiib")
+ATTRIBUTES_POSITION: Final = PREFIX.size
+assert (LENGTH_POSITION, LOG_OVERHEAD, CRC_POSITION, ATTRIBUTES_POSITION) == (8, 12, 17, 21)
+
+MAGIC: Final = 2
+COMPRESSION_MASK: Final = 0x07
+TIMESTAMP_TYPE_MASK: Final = 0x08  # set: LogAppendTime
+TRANSACTIONAL_MASK: Final = 0x10
+CONTROL_MASK: Final = 0x20
+NO_PRODUCER_ID: Final = -1
+NO_PRODUCER_EPOCH: Final = -1
+NO_SEQUENCE: Final = -1
+LEADER_EPOCH: Final = 0
+VARINT_BYTES_MAX: Final = 10  # a zig-zag int64 takes at most 10 bytes
+NULL_LENGTH: Final = b"\x01"  # zig-zag varint of -1: a null key, value or header value
+_ONE_BYTE: Final = tuple(bytes((i,)) for i in range(0x80))
+
+
+class MalformedBatchError(ValueError):
+    """Bytes that are not a valid batch; ``position`` is relative to the buffer."""
+
+    def __init__(self, position: int, reason: str, truncated: bool = False) -> None:
+        super().__init__(reason)
+        self.position = position
+        self.reason = reason
+        self.truncated = truncated  # the bytes end inside the batch (a torn tail)
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte header, by name."""
+
+    base_offset: int
+    length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole batch, header included."""
+        return self.length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def timestamp_type(self) -> int:
+        if self.attributes & TIMESTAMP_TYPE_MASK:
+            return TIMESTAMP_LOG_APPEND_TIME
+        return TIMESTAMP_CREATE_TIME
+
+
+# ---------------------------------------------------------------------- varints
+
+
+def zigzag_varint(value: int) -> bytes:
+    """The zig-zag varint of a signed int64 (Kafka's ByteUtils.writeVarlong)."""
+    encoded = value << 1 if value >= 0 else ((-value) << 1) - 1
+    if encoded < 0x80:
+        return _ONE_BYTE[encoded]
+    out = bytearray()
+    while encoded >= 0x80:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    out.append(encoded)
+    return bytes(out)
+
+
+def read_varint(buffer: bytes, position: int) -> tuple[int, int]:
+    """Decode a zig-zag varint at ``position``; return (value, next position).
+
+    Raises:
+        MalformedBatchError: longer than 10 bytes.
+        IndexError: the buffer ends inside the varint (callers map it).
+    """
+    byte = buffer[position]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), position + 1
+    result = byte & 0x7F
+    shift = 7
+    end = position + VARINT_BYTES_MAX
+    position += 1
+    while True:
+        byte = buffer[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), position
+        shift += 7
+        if position >= end:
+            raise MalformedBatchError(position, "varint longer than 10 bytes")
+
+
+# ---------------------------------------------------------------------- encode
+
+
+def encode_record(
+    offset_delta: int,
+    timestamp_delta_ms: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[bytes, bytes]],
+) -> bytes:
+    """One record, length prefix included. Header keys come already UTF-8 encoded."""
+    varint = zigzag_varint
+    if headers:
+        parts = [varint(len(headers))]
+        for header_key, header_value in headers:
+            parts += (varint(len(header_key)), header_key, varint(len(header_value)), header_value)
+        header_bytes = b"".join(parts)
+    else:
+        header_bytes = b"\x00"  # zero headers
+    body = b"".join(
+        (
+            b"\x00",  # attributes
+            varint(timestamp_delta_ms),
+            varint(offset_delta),
+            NULL_LENGTH if key is None else varint(len(key)),
+            b"" if key is None else key,
+            NULL_LENGTH if value is None else varint(len(value)),
+            b"" if value is None else value,
+            header_bytes,
+        )
+    )
+    return varint(len(body)) + body
+
+
+def build_batch(
+    records: Sequence[bytes],
+    base_timestamp_ms: int,
+    max_timestamp_ms: int,
+    log_append_time: bool,
+) -> bytearray:
+    """A whole batch around encoded records, CRC set, base_offset 0 (see
+    ``set_base_offset``: the offset is assigned under the append lock)."""
+    count = len(records)
+    assert count >= 1
+    body = records[0] if count == 1 else b"".join(records)
+    attributes = TIMESTAMP_TYPE_MASK if log_append_time else 0
+    covered = COVERED.pack(
+        attributes, count - 1, base_timestamp_ms, max_timestamp_ms, NO_PRODUCER_ID,
+        NO_PRODUCER_EPOCH, NO_SEQUENCE, count,
+    )  # fmt: skip
+    crc = crc32c(body, crc32c(covered))
+    size = HEADER_SIZE + len(body)
+    batch = bytearray(PREFIX.pack(0, size - LOG_OVERHEAD, LEADER_EPOCH, MAGIC, crc))
+    batch += covered
+    batch += body
+    return batch
+
+
+def set_base_offset(batch: bytearray, base_offset: int) -> None:
+    """Fill in base_offset (outside the CRC, so the CRC stays valid)."""
+    BASE_OFFSET.pack_into(batch, 0, base_offset)
+
+
+# ---------------------------------------------------------------------- decode
+
+
+def batch_size_at(buffer: bytes, position: int) -> int:
+    """The size of the batch starting at ``position``, from its length field.
+
+    Raises:
+        MalformedBatchError: fewer than 12 bytes left (truncated), or a length
+            smaller than a header.
+    """
+    if len(buffer) - position < LOG_OVERHEAD:
+        raise MalformedBatchError(position, "batch header cut short", truncated=True)
+    size: int = LENGTH.unpack_from(buffer, position + LENGTH_POSITION)[0] + LOG_OVERHEAD
+    if size < HEADER_SIZE:
+        raise MalformedBatchError(position, f"batch size {size} is below the 61-byte header")
+    return size
+
+
+def check_batch(buffer: bytes, position: int, verify_crc: bool = True) -> BatchHeader:
+    """Validate the batch at ``position`` and return its header.
+
+    Checks the size (it must lie inside ``buffer``), the magic, the CRC-32C, that it
+    is uncompressed and not transactional or control, and that records_count equals
+    last_offset_delta + 1.
+
+    Raises:
+        MalformedBatchError: any of those fails (``truncated`` when the buffer ends
+            inside the batch).
+    """
+    size = batch_size_at(buffer, position)
+    if len(buffer) - position < size:
+        raise MalformedBatchError(position, f"batch of {size} bytes cut short", truncated=True)
+    header = BatchHeader._make(HEADER.unpack_from(buffer, position))
+    if header.magic != MAGIC:
+        raise MalformedBatchError(position, f"magic {header.magic}, expected {MAGIC}")
+    if verify_crc:
+        check_crc(buffer, position, header)
+    if header.attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
+        raise MalformedBatchError(position, f"unsupported attributes {header.attributes:#06x}")
+    if header.records_count < 1 or header.records_count != header.last_offset_delta + 1:
+        raise MalformedBatchError(
+            position,
+            f"records_count {header.records_count} does not match "
+            f"last_offset_delta {header.last_offset_delta}",
+        )
+    return header
+
+
+def check_crc(buffer: bytes, position: int, header: BatchHeader) -> None:
+    """Raise MalformedBatchError unless the CRC-32C of attributes..end matches."""
+    with memoryview(buffer) as view:
+        actual = crc32c(view[position + ATTRIBUTES_POSITION : position + header.size])
+    if actual != header.crc:
+        raise MalformedBatchError(
+            position, f"CRC-32C {actual:#010x} does not match {header.crc:#010x}"
+        )
+
+
+def decode_records(
+    buffer: bytes, position: int, header: BatchHeader, first_offset: int, count_max: int
+) -> list[EngineRecord]:
+    """Records of a checked batch from ``first_offset`` on, at most ``count_max``.
+
+    Raises:
+        MalformedBatchError: a record does not decode, or does not fill the batch.
+    """
+    records: list[EngineRecord] = []
+    _decode_batch(
+        buffer, position, header.base_offset, header.attributes, header.base_timestamp,
+        header.max_timestamp, header.crc, header.records_count, first_offset, count_max,
+        records,
+    )  # fmt: skip
+    return records
+
+
+class Decoded(NamedTuple):
+    """What ``decode_batches`` got from one buffer."""
+
+    records: list[EngineRecord]
+    advance_bytes: int  # from the start position to the first batch not consumed
+    decoded_bytes: int  # bytes of the batches records were taken from
+    needed_bytes: int  # 0: a limit was reached; else bytes the next batch needs
+
+
+def decode_batches(
+    buffer: bytes, position: int, first_offset: int, count_max: int, bytes_max: int
+) -> Decoded:
+    """Decode the records of whole batches in ``buffer[position:]``, starting at
+    ``first_offset`` (possibly inside a batch): the read path in one loop.
+
+    Batches that end before ``first_offset`` are stepped over on their first 27
+    bytes; every batch records are taken from is checked in full (size, magic,
+    attributes, count, CRC-32C) first. The header of a stepped-over batch is not
+    under a checked CRC, so offsets must run on densely: a batch that starts past
+    the next offset wanted means records went missing, and is reported as malformed.
+    Stops when ``count_max`` records or
+    ``bytes_max`` bytes of batches were decoded (needed_bytes 0), or at a batch the
+    buffer does not hold whole (needed_bytes: its size, or a header's).
+
+    Raises:
+        MalformedBatchError: a batch or record does not validate (``position`` is
+            relative to ``buffer``).
+    """
+    records: list[EngineRecord] = []
+    start = position
+    decoded_bytes = 0
+    buffer_size = len(buffer)
+    wanted = first_offset
+    with memoryview(buffer) as view:
+        while True:
+            if buffer_size - position < HEADER_SIZE:
+                return Decoded(records, position - start, decoded_bytes, HEADER_SIZE)
+            base_offset, length, _, magic, crc, attributes, last_delta = SKIP.unpack_from(
+                buffer, position
+            )
+            size = length + LOG_OVERHEAD
+            if size < HEADER_SIZE or magic != MAGIC or last_delta < 0:
+                raise MalformedBatchError(
+                    position, f"batch size {size}, magic {magic}, last delta {last_delta}"
+                )
+            if size > buffer_size - position:
+                return Decoded(records, position - start, decoded_bytes, size)
+            if base_offset > wanted:
+                raise MalformedBatchError(
+                    position, f"batch starts at offset {base_offset}, {wanted} is missing"
+                )
+            if base_offset + last_delta >= wanted:
+                (*_, base_timestamp, max_timestamp, _, _, _, count) = HEADER.unpack_from(
+                    buffer, position
+                )
+                _check_whole(view, position, size, crc, attributes, last_delta, count)
+                _decode_batch(
+                    buffer, position, base_offset, attributes, base_timestamp, max_timestamp,
+                    crc, count, wanted, count_max - len(records), records,
+                )  # fmt: skip
+                decoded_bytes += size
+                wanted = base_offset + count
+                if len(records) >= count_max or decoded_bytes >= bytes_max:
+                    return Decoded(records, position + size - start, decoded_bytes, 0)
+            position += size
+
+
+def _check_whole(
+    view: memoryview,
+    position: int,
+    size: int,
+    crc: int,
+    attributes: int,
+    last_delta: int,
+    count: int,
+) -> None:
+    """``check_batch``'s checks, on fields already unpacked."""
+    if attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
+        raise MalformedBatchError(position, f"unsupported attributes {attributes:#06x}")
+    if count < 1 or count != last_delta + 1:
+        raise MalformedBatchError(
+            position, f"records_count {count} does not match last_offset_delta {last_delta}"
+        )
+    actual = crc32c(view[position + ATTRIBUTES_POSITION : position + size])
+    if actual != crc:
+        raise MalformedBatchError(position, f"CRC-32C {actual:#010x} does not match {crc:#010x}")
+
+
+def _decode_batch(
+    buffer: bytes,
+    position: int,
+    base_offset: int,
+    attributes: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    crc: int,
+    count: int,
+    first_offset: int,
+    count_max: int,
+    out: list[EngineRecord],
+) -> None:
+    """Append the records of the checked batch at ``position`` from ``first_offset``
+    on, at most ``count_max``, to ``out``. Earlier records are skipped by their length.
+
+    Zig-zag varints are decoded inline when they fit in one byte (lengths below 64,
+    small deltas): a function call per field would cost more than the decoding.
+    """
+    (length,) = LENGTH.unpack_from(buffer, position + LENGTH_POSITION)
+    end = position + length + LOG_OVERHEAD
+    if attributes & TIMESTAMP_TYPE_MASK:
+        timestamp_type, append_time = TIMESTAMP_LOG_APPEND_TIME, max_timestamp
+    else:
+        timestamp_type, append_time = TIMESTAMP_CREATE_TIME, -1
+    skip = max(0, first_offset - base_offset)
+    take = min(count - skip, count_max)
+    varint = read_varint
+    cursor = position + HEADER_SIZE
+    try:
+        for _ in range(skip):
+            length, cursor = varint(buffer, cursor)
+            cursor += length
+        for index in range(skip, skip + take):
+            length, cursor = varint(buffer, cursor)
+            record_end = cursor + length
+            byte = buffer[cursor + 1]  # after the attributes byte: timestamp delta
+            if byte < 0x80:
+                timestamp_delta, cursor = (byte >> 1) ^ -(byte & 1), cursor + 2
+            else:
+                timestamp_delta, cursor = varint(buffer, cursor + 1)
+            offset_delta, cursor = varint(buffer, cursor)
+            if offset_delta != index:
+                raise MalformedBatchError(cursor, f"offset delta {offset_delta} at record {index}")
+            byte = buffer[cursor]
+            if byte < 0x80:
+                key_size, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                key_size, cursor = varint(buffer, cursor)
+            if key_size < 0:
+                key = None
+            else:
+                key = buffer[cursor : cursor + key_size]
+                cursor += key_size
+            byte = buffer[cursor]
+            if byte < 0x80:
+                value_size, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                value_size, cursor = varint(buffer, cursor)
+            if value_size < 0:
+                value = None
+            else:
+                value = buffer[cursor : cursor + value_size]
+                cursor += value_size
+            if buffer[cursor] == 0:  # no headers, the usual case
+                headers: list[tuple[str, bytes]] = []
+                header_size, cursor = -1, cursor + 1
+            else:
+                header_count, cursor = varint(buffer, cursor)
+                headers, header_size, cursor = _decode_headers(buffer, cursor, header_count)
+            if cursor != record_end or record_end > end:
+                raise MalformedBatchError(cursor, f"record {index} does not fill its length")
+            out.append(
+                EngineRecord(
+                    base_offset + index,
+                    append_time if append_time >= 0 else base_timestamp + timestamp_delta,
+                    timestamp_type, key, value, headers, crc,
+                    -1 if key is None else key_size, -1 if value is None else value_size,
+                    header_size,
+                )
+            )  # fmt: skip
+    except (IndexError, UnicodeDecodeError, struct.error) as error:
+        raise MalformedBatchError(position, f"record does not decode: {error}") from None
+    if skip + take == count and cursor != end:
+        raise MalformedBatchError(cursor, f"{end - cursor} bytes left over after the records")
+
+
+def _decode_headers(
+    buffer: bytes, cursor: int, header_count: int
+) -> tuple[list[tuple[str, bytes]], int, int]:
+    if header_count < 0:
+        raise MalformedBatchError(cursor, f"negative header count {header_count}")
+    headers: list[tuple[str, bytes]] = []
+    header_size = 0
+    for _ in range(header_count):
+        key_size, cursor = read_varint(buffer, cursor)
+        if key_size < 0:
+            raise MalformedBatchError(cursor, "null header key")
+        key = buffer[cursor : cursor + key_size].decode("utf-8")
+        cursor += key_size
+        value_size, cursor = read_varint(buffer, cursor)
+        value = b"" if value_size < 0 else buffer[cursor : cursor + value_size]
+        cursor += max(value_size, 0)
+        header_size += key_size + max(value_size, 0)
+        headers.append((key, value))
+    return headers, header_size, cursor

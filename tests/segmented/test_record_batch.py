@@ -1,0 +1,190 @@
+"""The record batch v2 codec: round trips, kafka-python's reader, corruption."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record import MemoryRecords
+from kafka.record.util import decode_varint, encode_varint
+
+from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+from segmented import batch_builder
+from segmented.record_batch import (
+    HEADER,
+    HEADER_SIZE,
+    MalformedBatchError,
+    build_batch,
+    check_batch,
+    decode_batches,
+    decode_records,
+    encode_record,
+    read_varint,
+    set_base_offset,
+    zigzag_varint,
+)
+
+from .strategies import producer_records
+
+
+def _batch(records, base_offset=0, now_ms=5_000, log_append_time=False) -> bytearray:
+    built = batch_builder.build(records, now_ms, log_append_time, 1 << 30)
+    set_base_offset(built.batch, base_offset)
+    return built.batch
+
+
+def _kafka_records(data: bytes) -> list:
+    """Every record kafka-python's own reader finds in ``data``, CRCs validated."""
+    found = []
+    batches = MemoryRecords(bytes(data))
+    while (batch := batches.next_batch()) is not None:
+        assert batch.validate_crc()
+        assert batch.magic == 2
+        found += [(batch, r) for r in batch]
+    return found
+
+
+@settings(deadline=None)
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_zigzag_varint_round_trips_and_matches_kafka_python(value):
+    encoded = zigzag_varint(value)
+    assert read_varint(encoded, 0) == (value, len(encoded))
+    out = bytearray()
+    encode_varint(value, out.append)
+    assert bytes(out) == encoded
+    assert decode_varint(encoded, 0) == (value, len(encoded))
+
+
+def test_varint_longer_than_ten_bytes_is_malformed():
+    with pytest.raises(MalformedBatchError):
+        read_varint(b"\xff" * 11, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    records=st.lists(producer_records, min_size=1, max_size=8),
+    base_offset=st.integers(min_value=0, max_value=2**62),
+    log_append_time=st.booleans(),
+    first=st.integers(min_value=0, max_value=8),
+)
+def test_batch_round_trips_through_our_decoder_and_kafka_python(
+    records, base_offset, log_append_time, first
+):
+    now_ms = 1_700_000_000_000
+    data = _batch(records, base_offset, now_ms, log_append_time)
+    header = check_batch(bytes(data), 0)
+    assert header.base_offset == base_offset
+    assert header.records_count == len(records)
+    assert header.size == len(data)
+    expected_ts = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    if log_append_time:
+        expected_ts = [now_ms] * len(records)
+    assert header.max_timestamp == max(expected_ts)
+
+    decoded = decode_records(bytes(data), 0, header, base_offset, len(records))
+    kafka = _kafka_records(data)
+    assert len(decoded) == len(kafka) == len(records)
+    for i, (mine, (kbatch, theirs), sent) in enumerate(zip(decoded, kafka, records, strict=True)):
+        headers = [(k, v) for k, v in sent.headers]
+        assert mine.offset == theirs.offset == base_offset + i
+        assert mine.timestamp_ms == theirs.timestamp == expected_ts[i]
+        assert mine.timestamp_type == theirs.timestamp_type == kbatch.timestamp_type
+        assert mine.timestamp_type == (
+            TIMESTAMP_LOG_APPEND_TIME if log_append_time else TIMESTAMP_CREATE_TIME
+        )
+        assert mine.key == theirs.key == sent.key
+        assert mine.value == theirs.value == sent.value
+        assert mine.headers == theirs.headers == headers
+        assert mine.checksum == header.crc
+        assert mine.serialized_key_size == (-1 if sent.key is None else len(sent.key))
+        assert mine.serialized_value_size == (-1 if sent.value is None else len(sent.value))
+
+    # From inside the batch, and through the fused reader, the same records.
+    start = base_offset + min(first, len(records))
+    tail = decode_records(bytes(data), 0, header, start, len(records))
+    assert tail == decoded[min(first, len(records)) :]
+    fused = decode_batches(bytes(data), 0, start, 1000, 1 << 30)
+    assert fused.records == tail
+
+
+def test_fused_reader_steps_over_earlier_batches_and_waits_for_whole_ones():
+    data = b"".join(
+        bytes(_batch([batch_builder_record(i)], base_offset=i)) for i in range(5)
+    )  # five one-record batches, offsets 0..4
+    sizes = [check_batch(data, 0).size] * 5
+    got = decode_batches(data, 0, 3, 10, 1 << 30)
+    assert [r.offset for r in got.records] == [3, 4]
+    assert got.advance_bytes == len(data)
+    assert got.decoded_bytes == 2 * sizes[0]
+    assert got.needed_bytes == HEADER_SIZE  # at the end: wants at least a header
+
+    cut = data[: 3 * sizes[0] + 70]  # the fourth batch (75 bytes) is cut short
+    got = decode_batches(cut, 0, 0, 10, 1 << 30)
+    assert [r.offset for r in got.records] == [0, 1, 2]
+    assert got.needed_bytes == sizes[0]
+
+    got = decode_batches(data, 0, 0, 2, 1 << 30)  # count limit
+    assert [r.offset for r in got.records] == [0, 1] and got.needed_bytes == 0
+    got = decode_batches(data, 0, 0, 10, 1)  # byte limit: still one batch
+    assert [r.offset for r in got.records] == [0] and got.needed_bytes == 0
+
+
+def batch_builder_record(i: int):
+    from mqstore.engine import ProducerRecord
+
+    return ProducerRecord(None, b"value-%d" % i, [], 1000 + i)
+
+
+@settings(deadline=None)
+@given(position=st.integers(min_value=21, max_value=10_000), bit=st.integers(0, 7))
+def test_any_flipped_bit_under_the_crc_is_caught(position, bit):
+    data = _batch([batch_builder_record(i) for i in range(3)])
+    position = position % len(data)
+    if position < 21:
+        position += 21
+    data[position] ^= 1 << bit
+    with pytest.raises(MalformedBatchError):
+        check_batch(bytes(data), 0)
+    with pytest.raises(MalformedBatchError):
+        decode_batches(bytes(data), 0, 0, 10, 1 << 30)
+
+
+def test_cut_batch_is_reported_as_truncated():
+    data = bytes(_batch([batch_builder_record(1)]))
+    for cut in (5, 30, len(data) - 1):
+        with pytest.raises(MalformedBatchError) as caught:
+            check_batch(data[:cut], 0)
+        assert caught.value.truncated
+
+
+@pytest.mark.parametrize(
+    ("field_position", "fmt", "value", "reason"),
+    [
+        (16, ">b", 1, "magic"),  # magic 1: not a v2 batch
+        (8, ">i", 10, "below the 61-byte header"),  # length smaller than a header
+    ],
+)
+def test_bad_magic_and_sizes_are_malformed(field_position, fmt, value, reason):
+    data = _batch([batch_builder_record(1)])
+    struct.pack_into(fmt, data, field_position, value)
+    with pytest.raises(MalformedBatchError, match=reason):
+        check_batch(bytes(data), 0, verify_crc=False)
+
+
+def test_leftover_bytes_inside_a_batch_are_rejected():
+    record = encode_record(0, 0, None, b"abc", [])
+    batch = build_batch([record + b"\x00"], 1, 1, False)  # one stray byte, CRC still valid
+    header = check_batch(bytes(batch), 0)
+    with pytest.raises(MalformedBatchError, match="left over"):
+        decode_records(bytes(batch), 0, header, 0, 1)
+
+
+def test_header_layout_matches_kafka():
+    data = _batch([batch_builder_record(1)], base_offset=42, log_append_time=True)
+    fields = HEADER.unpack_from(data)
+    assert HEADER.format == ">qiibIhiqqqhii" and HEADER_SIZE == 61
+    assert fields[0] == 42 and fields[1] == len(data) - 12 and fields[3] == 2
+    assert fields[5] & 0x08  # attributes bit 3: LogAppendTime
+    assert fields[9:12] == (-1, -1, -1)  # no producer id, epoch, sequence
