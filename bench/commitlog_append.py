@@ -89,10 +89,17 @@ def run_case(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def roll_latency(root: str, prewarm: bool, file_size: int, files: int) -> dict[str, Any]:
+def roll_latency(
+    root: str, preallocate: bool, prewarm: bool, file_size: int, files: int
+) -> dict[str, Any]:
     """Append 1 KiB messages across ``files`` rolls; report roll waits and throughput."""
-    directory = os.path.join(root, f"roll-{prewarm}")
-    config = CommitLogConfig(file_size_bytes=file_size, prewarm=prewarm, flush_interval_ms=500)
+    directory = os.path.join(root, f"roll-{preallocate}-{prewarm}")
+    config = CommitLogConfig(
+        file_size_bytes=file_size,
+        prewarm=prewarm,
+        preallocate_next=preallocate,
+        flush_interval_ms=500,
+    )
     log = CommitLog.open(directory, config)
     body = b"r" * 1024
     count = files * file_size // (len(body) + 100)
@@ -107,6 +114,7 @@ def roll_latency(root: str, prewarm: bool, file_size: int, files: int) -> dict[s
         log.close()
         shutil.rmtree(directory, ignore_errors=True)
     return {
+        "preallocate_next": preallocate,
         "prewarm": prewarm,
         "rolls": len(waits_ms),
         "roll_wait_ms_p50": statistics.median(waits_ms) if waits_ms else None,
@@ -131,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/commitlog_append.json")
     parser.add_argument("--dir", default=None, help="where to put the logs (default: a temp dir)")
+    parser.add_argument("--rolls-only", action="store_true", help="only the roll latency part")
     args = parser.parse_args(argv)
     scale = 10 if args.quick else 1
     root = tempfile.mkdtemp(prefix="mqstore-bench-", dir=args.dir)
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": {},
     }
     try:
-        for name, body_size, count, threads, batch, mode in cases:
+        for name, body_size, count, threads, batch, mode in [] if args.rolls_only else cases:
             body = b"x" * body_size
             count //= scale
             config = CommitLogConfig(file_size_bytes=file_size, flush_mode=mode)
@@ -188,15 +197,19 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         rolls = []
-        for prewarm in (True, False, True, False):  # interleaved
-            rolls.append(roll_latency(root, prewarm, 64 << 20, 8 // (2 if args.quick else 1)))
-            r = rolls[-1]
-            print(
-                f"roll prewarm={r['prewarm']!s:5s} rolls={r['rolls']} "
-                f"wait p50={r['roll_wait_ms_p50']:.3f} ms max={r['roll_wait_ms_max']:.3f} ms "
-                f"append {r['mb_per_s']:,.0f} MB/s",
-                flush=True,
-            )
+        modes = [(True, True), (True, False), (False, True), (False, False)]
+        for _ in range(2):  # interleaved: every mode once per round
+            for preallocate, prewarm in modes:
+                rolls.append(
+                    roll_latency(root, preallocate, prewarm, 64 << 20, 4 if args.quick else 8)
+                )
+                r = rolls[-1]
+                print(
+                    f"roll preallocate={preallocate!s:5s} prewarm={prewarm!s:5s} "
+                    f"rolls={r['rolls']} wait p50={r['roll_wait_ms_p50']:.3f} ms "
+                    f"max={r['roll_wait_ms_max']:.3f} ms append {r['mb_per_s']:,.0f} MB/s",
+                    flush=True,
+                )
         results["rolls"] = rolls
     finally:
         shutil.rmtree(root, ignore_errors=True)

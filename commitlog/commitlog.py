@@ -214,7 +214,8 @@ class CommitLog:
         )
         if self._current is None or self._write_position == self._current_end():
             self._current = self._take_file(self._write_position)
-        self._allocator.request(self._current.start_offset + config.file_size_bytes)
+        if config.preallocate_next:
+            self._allocator.request(self._current.start_offset + config.file_size_bytes)
         if config.flush_mode == "sync":
             self._flusher = GroupCommitService(self, config.sync_flush_timeout_ms)
         else:
@@ -637,7 +638,8 @@ class CommitLog:
         self._current = following
         self._write_position = next_start
         assert self._allocator is not None
-        self._allocator.request(next_start + current.size_bytes)
+        if self.config.preallocate_next:
+            self._allocator.request(next_start + current.size_bytes)
         return following
 
     def _take_file(self, start_offset: int) -> MappedFile:

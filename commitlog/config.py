@@ -75,6 +75,9 @@ class CommitLogConfig:
         default=5_000, validator=[_wrap(v.instance_of(int)), _wrap(v.ge(1))]
     )
     prewarm: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
+    # Build the next file in the background before it is needed. Off: a roll
+    # allocates (and pre-warms) its file itself, which the roll benchmark compares.
+    preallocate_next: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
     mlock: bool = attrs.field(default=False, validator=_wrap(v.instance_of(bool)))
     verify_checksum_on_read: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
 

@@ -63,7 +63,13 @@ log = logging.getLogger(__name__)
 GET_MESSAGES_MAX = 10_000  # one get() returns at most this many messages
 QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
 QUEUE_ID_MAX = 2**31 - 1
-READ_ONLY_POLL_S = 0.001  # a read-only store polls the writer's dispatched state
+READ_ONLY_POLL_S = 0.001
+# Dispatch shares the GIL with producers; past this backlog a put dispatches what is
+# waiting before it returns, so a producer at full speed cannot outrun the
+# ConsumeQueues and readers never fall far behind (caller-runs backpressure).
+DISPATCH_BACKLOG_MAX_BYTES = (
+    256 << 10
+)  # about 1,500 100-byte messages  # a read-only store polls the writer's dispatched state
 
 
 class MessageStore(CommitLogEngine):
@@ -414,10 +420,14 @@ class MessageStore(CommitLogEngine):
         """
         if self._closed or self.read_only:
             self._check_writable()
-        return self.commitlog.append(
+        result = self.commitlog.append(
             topic, queue_id, body, keys=keys, tag=tag, properties=properties,
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
+        dispatcher = self._dispatcher
+        if dispatcher is not None and result[0] - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
+            dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
+        return result
 
     def put_batch(
         self,
@@ -440,6 +450,12 @@ class MessageStore(CommitLogEngine):
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
+        dispatcher = self._dispatcher
+        if (
+            dispatcher is not None
+            and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
+        ):
+            dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
         first, stamp = result.first_queue_offset, result.store_timestamp_ms
         return [
             PutResult(physical, first + i, stamp, size)

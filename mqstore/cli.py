@@ -1,0 +1,825 @@
+"""``mqstore``: the command line of a store, for Kafka and RocketMQ hands.
+
+One command does what kafka-topics, kafka-console-producer/-consumer,
+kafka-get-offsets and kafka-dump-log do, and what mqadmin queryMsgByKey and the
+store-checking tools do. ``python -m mqstore`` runs it too.
+
+How it opens the store:
+- commands that write (``topics create|alter``, ``produce``, ``consume --group``) open
+  it as the writer: they take its lock, so they fail while a service has it open;
+- commands that only read (``topics list|describe``, ``consume``, ``offsets``,
+  ``query-key``, ``stats``) open it read-only: they run beside a live writer and
+  never change a byte;
+- ``dump`` and ``verify`` read the files directly (``mqstore.cli_dump``), so verify
+  never "repairs" what it checks (a writer's open cuts a corrupt tail).
+
+Config: ``--config KEY=VALUE`` sets StoreConfig fields (SegmentedConfig fields with
+``--engine segmented``) for this run; nothing is persisted. The file layout
+(CommitLog file size, ConsumeQueue units per file) is read back from the store's
+files when not given, and a given value that contradicts the files is refused.
+
+Exit codes: 0 success, 1 a user error (bad arguments, unknown topic, a store error
+that is not corruption), 2 corrupt data (CorruptDataError, or verify/dump findings).
+Errors print one line, ``mqstore: error: ...``; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, NoReturn
+
+import attrs
+
+from commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
+from mqstore import cli_dump, cli_verify
+from mqstore.commitlog_engine import KEY_PROPERTY
+from mqstore.config import StoreConfig
+from mqstore.kafka import KafkaProducer
+from mqstore.store import MessageStore
+
+__all__ = ["main"]
+
+EXIT_OK: Final = 0
+EXIT_USER_ERROR: Final = 1
+EXIT_CORRUPT: Final = 2
+EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report it
+DEFAULT_STORE: Final = "./mqstore-data"
+STORE_ENV: Final = "MQSTORE_STORE"
+READ_BATCH_RECORDS: Final = 500  # records read per partition per round (max_poll_records)
+POLL_WAIT_MS: Final = 200  # --follow: one long poll; bounds how late SIGINT is noticed
+PRODUCE_LINGER_MS: Final = 50  # a line from a slow pipe is appended within this
+PRODUCE_BATCH_BYTES: Final = 1 << 20  # records per put_batch, in bytes of key and value
+PRODUCE_CHECK_RECORDS: Final = 10_000  # futures checked (and freed) this often
+TIMESTAMP_NAMES: Final = ("CreateTime", "LogAppendTime")  # by EngineRecord.timestamp_type
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 1 (argparse uses 2, which
+    here means corrupt data)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see '{self.prog} --help')")
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _common_options(suppress: bool) -> argparse.ArgumentParser:
+    """Options accepted before and after the command. After it, defaults are
+    suppressed so that they do not overwrite what was given before it."""
+    parent = argparse.ArgumentParser(add_help=False)
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    group = parent.add_argument_group("common options")
+    group.add_argument(
+        "--store",
+        metavar="PATH",
+        default=default(os.environ.get(STORE_ENV, DEFAULT_STORE)),
+        help=f"the store directory (default: ${STORE_ENV}, else {DEFAULT_STORE})",
+    )
+    group.add_argument(
+        "--engine",
+        choices=("commitlog", "segmented"),
+        default=default("commitlog"),
+        help="commitlog (mqstore's design, default) or segmented (the Kafka-design baseline)",
+    )
+    group.add_argument(
+        "--config",
+        dest="config_after" if suppress else "config",
+        metavar="KEY=VALUE",
+        action="append",
+        default=default([]),
+        help="a StoreConfig field, e.g. commitlog_file_size_bytes=1048576 (repeatable; "
+        "nothing is persisted, so pass the same values at every run)",
+    )
+    group.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+    group.add_argument(
+        "--quiet", action="store_true", default=default(False), help="no progress bars or notes"
+    )
+    group.add_argument(
+        "--debug", action="store_true", default=default(False), help="tracebacks and debug logs"
+    )
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options(suppress=True)
+    parser = _Parser(
+        prog="mqstore",
+        description="Inspect and use an mqstore message store from the shell.",
+        parents=[_common_options(suppress=False)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG,
+    )
+    commands: Any = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int]) -> Any:
+        sub = commands.add_parser(name, help=help_text, description=help_text, parents=[common])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    _add_topics(commands, common)
+    produce = command("produce", "append lines of stdin or a file to a topic", _cmd_produce)
+    produce.add_argument("topic")
+    produce.add_argument("--file", metavar="PATH", help="read this file instead of stdin")
+    keys = produce.add_mutually_exclusive_group()
+    keys.add_argument("--key", help="the key of every record")
+    keys.add_argument("--key-separator", metavar="SEP", help="each line is KEY<SEP>VALUE")
+    produce.add_argument(
+        "--header", metavar="K=V", action="append", default=[], help="add a header (repeatable)"
+    )
+    produce.add_argument(
+        "--partition", type=int, help="the partition (default: by key hash, else round robin)"
+    )
+
+    consume = command("consume", "print the records of a topic", _cmd_consume)
+    consume.add_argument("topic")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from",
+        dest="start",
+        metavar="WHERE",
+        help="earliest, latest or an offset (default: the group's committed offset, else earliest)",
+    )
+    start.add_argument("--from-time", type=_time_ms, metavar="TIME", help="ms or ISO-8601")
+    consume.add_argument("--partition", type=int, help="only this partition")
+    consume.add_argument("--max-messages", type=_positive, metavar="N", help="stop after N")
+    consume.add_argument(
+        "--follow", action="store_true", help="keep polling for new records (stop: Ctrl-C)"
+    )
+    consume.add_argument(
+        "--timeout-ms", type=_positive, metavar="MS", help="with --follow: stop after MS idle"
+    )
+    consume.add_argument("--group", help="commit the positions reached for this group")
+    consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
+    consume.add_argument("--key-separator", default="\t", metavar="SEP", help="default: tab")
+    consume.add_argument(
+        "--print-metadata", action="store_true", help="prefix partition, offset and timestamp"
+    )
+
+    offsets = command("offsets", "earliest, latest and lag per partition", _cmd_offsets)
+    offsets.add_argument("topic")
+    offsets.add_argument("--time", type=_time_ms, help="also the offset for this time")
+    offsets.add_argument(
+        "--group", action="append", default=[], help="show this group's lag (repeatable)"
+    )
+    offsets.add_argument("--all-groups", action="store_true", help="show every group's lag")
+
+    query = command("query-key", "find the messages of a topic with a key", _cmd_query_key)
+    query.add_argument("topic")
+    query.add_argument("key")
+    query.add_argument("--begin", type=_time_ms, default=0, help="ms or ISO-8601 (default: 0)")
+    query.add_argument("--end", type=_time_ms, default=2**63 - 1, help="(default: no end)")
+    query.add_argument("--max", type=_positive, default=64, help="at most N (default: 64)")
+
+    dump = command("dump", "decode store files the way kafka-dump-log does", _cmd_dump)
+    dump.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories of them")
+    dump.add_argument("--print-data", action="store_true", help="show keys, bodies, payloads")
+    dump.add_argument("--kind", choices=cli_dump.KINDS, help="do not guess the kind from the path")
+
+    command("verify", "check every checksum and every ConsumeQueue unit (exit 2)", _cmd_verify)
+    command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
+    bench = command("bench", "run the quick CommitLog append benchmark", _cmd_bench)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    return parser
+
+
+def _add_topics(commands: Any, common: argparse.ArgumentParser) -> None:
+    topics = commands.add_parser(
+        "topics", help="create, list, describe or alter topics", parents=[common]
+    )
+    actions = topics.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="create a topic", parents=[common])
+    create.set_defaults(handler=_cmd_topics_create)
+    create.add_argument("topic")
+    create.add_argument("--partitions", type=_positive, default=1, help="default: 1")
+    create.add_argument("--timestamp-type", choices=TIMESTAMP_NAMES, default="CreateTime")
+    create.add_argument("--retention-ms", type=int, help="-1: keep forever (default: store's)")
+    create.add_argument("--retention-bytes", type=int, help="per partition; -1: no limit")
+    create.add_argument("--if-not-exists", action="store_true", help="no error if it exists")
+    listing = actions.add_parser("list", help="list topic names", parents=[common])
+    listing.set_defaults(handler=_cmd_topics_list)
+    describe = actions.add_parser("describe", help="settings and offsets", parents=[common])
+    describe.set_defaults(handler=_cmd_topics_describe)
+    describe.add_argument("topics", nargs="*", metavar="TOPIC", help="default: every topic")
+    alter = actions.add_parser("alter", help="add partitions", parents=[common])
+    alter.set_defaults(handler=_cmd_topics_alter)
+    alter.add_argument("topic")
+    alter.add_argument("--partitions", type=_positive, required=True, help="the new count")
+
+
+_EPILOG = """\
+examples:
+  mqstore --config commitlog_file_size_bytes=67108864 topics create orders --partitions 3
+  seq 1000 | mqstore produce orders
+  mqstore produce orders --file events.txt --key-separator :
+  mqstore consume orders --from earliest --max-messages 10 --json
+  mqstore consume orders --follow --group billing
+  mqstore offsets orders --group billing
+  mqstore query-key orders order-42 --begin 2024-05-01T00:00:00Z
+  mqstore dump mqstore-data/commitlog/00000000000000000000 --print-data
+  mqstore verify
+
+exit codes: 0 success, 1 user error, 2 corrupt data found.
+A new store takes the default StoreConfig (1 GiB pre-warmed CommitLog files); pass
+--config commitlog_file_size_bytes=... to create a small one. The file layout is read
+back from the files; other --config values apply to the run that passes them."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _time_ms(text: str) -> int:
+    """Epoch milliseconds, or an ISO-8601 time (UTC unless it names its zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not epoch ms or an ISO-8601 time: {text!r} (e.g. 2024-05-01T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    value = (moment - epoch) // datetime.timedelta(milliseconds=1)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
+    return value
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        args.config = [*args.config, *getattr(args, "config_after", [])]
+        logging.basicConfig(
+            level=logging.DEBUG if debug else logging.ERROR if args.quiet else logging.WARNING,
+            format="mqstore: %(levelname)s: %(message)s",
+            stream=sys.stderr,
+        )
+        return int(args.handler(args))
+    except CorruptDataError as error:
+        return _fail(error, EXIT_CORRUPT, debug)
+    except (CliError, StoreError) as error:
+        return _fail(error, EXIT_USER_ERROR, debug)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED, debug)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as error:
+        return _fail(f"{error.strerror or error}: {error.filename or ''}", EXIT_USER_ERROR, debug)
+    except Exception as error:
+        return _fail(f"internal error: {type(error).__name__}: {error}", EXIT_USER_ERROR, debug)
+
+
+def _fail(error: BaseException | str, code: int, debug: bool) -> int:
+    """Print the one-line error (and with --debug the traceback); return ``code``."""
+    if debug and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else type(error).__name__
+    print(f"mqstore: error: {message}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------- store and output
+
+
+def _config_values(pairs: Sequence[str], config_class: type) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as typed keyword arguments of an attrs config class."""
+    fields = {field.name: field for field in attrs.fields(config_class)}
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, separator, raw = pair.partition("=")
+        field = fields.get(key.strip())
+        if not separator or field is None:
+            raise CliError(
+                f"bad --config {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(fields))}"
+            )
+        default = field.default
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                values[field.name] = raw.lower() in ("true", "1", "yes")
+            elif isinstance(default, int):
+                values[field.name] = int(raw)
+            elif isinstance(default, float):
+                values[field.name] = float(raw)
+            else:
+                values[field.name] = raw
+        except ValueError:
+            raise CliError(
+                f"bad --config {pair!r}: {raw!r} is not a {type(default).__name__}"
+            ) from None
+    return values
+
+
+def _store_config(args: argparse.Namespace) -> StoreConfig:
+    """StoreConfig from --config, with the file layout the store's files already have."""
+    values = _config_values(args.config, StoreConfig)
+    for name, found in cli_verify.disk_layout(args.store).items():
+        given = values.setdefault(name, found)
+        if given != found:
+            raise CliError(
+                f"--config {name}={given} does not match the store's files ({found}); "
+                "the layout is fixed when a store is created"
+            )
+    return StoreConfig(**values)
+
+
+@contextlib.contextmanager
+def _open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
+    """The store, opened as the writer or read-only (see the module docstring)."""
+    if args.engine == "segmented":
+        try:
+            segmented = importlib.import_module("segmented")
+        except ImportError as error:
+            raise CliError(f"the segmented engine is not available: {error}") from None
+        config = segmented.SegmentedConfig(**_config_values(args.config, segmented.SegmentedConfig))
+        store = segmented.SegmentedStore.open(args.store, config)
+    else:
+        if not write and not os.path.isdir(os.path.join(args.store, "commitlog")):
+            raise CliError(
+                f"no store at {args.store} (create one with 'mqstore topics create', or "
+                f"pass --store or ${STORE_ENV})"
+            )
+        store = MessageStore.open(args.store, _store_config(args), read_only=not write)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    """One result: a JSON line with --json, else ``text``."""
+    print(_dumps(cli_dump.to_json(data)) if args.json else text)
+
+
+def _table(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    if args.json:
+        for row in rows:
+            print(_dumps(cli_dump.to_json(row)))
+        return
+    cells = [[str(column).upper() for column in columns]]
+    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr)
+
+
+class _NoProgress:
+    def update(self, count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(args: argparse.Namespace, label: str, total: int, unit: str) -> Any:
+    """A tqdm bar on stderr; nothing when stderr is not a terminal or with --quiet."""
+    if args.quiet or args.json or not sys.stderr.isatty():
+        return _NoProgress()
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+    except ImportError:  # progress is cosmetic
+        return _NoProgress()
+    return tqdm(total=total, desc=label, unit=unit, unit_scale=True, file=sys.stderr, leave=False)
+
+
+# ---------------------------------------------------------------- topics
+
+
+def _cmd_topics_create(args: argparse.Namespace) -> int:
+    with _open_store(args, write=True) as store:
+        if args.if_not_exists and args.topic in store.list_topics():
+            topic = store.describe_topic(args.topic)
+        else:
+            topic = store.create_topic(
+                args.topic,
+                args.partitions,
+                timestamp_type=args.timestamp_type,
+                retention_ms=args.retention_ms,
+                retention_bytes=args.retention_bytes,
+            )
+    text = f"created topic {topic.name} with {topic.partitions} partition(s)"
+    _emit(args, {"name": topic.name, **topic.to_json()}, text)
+    return EXIT_OK
+
+
+def _cmd_topics_list(args: argparse.Namespace) -> int:
+    with _open_store(args, write=False) as store:
+        for name, topic in sorted(store.list_topics().items()):
+            _emit(args, {"name": name, **topic.to_json()}, name)
+    return EXIT_OK
+
+
+def _cmd_topics_describe(args: argparse.Namespace) -> int:
+    with _open_store(args, write=False) as store:
+        names = args.topics or sorted(store.list_topics())
+        for name in names:
+            topic = store.describe_topic(name)
+            ranges = [
+                (p, store.earliest_offset(name, p), store.latest_offset(name, p))
+                for p in range(topic.partitions)
+            ]
+            offsets = [{"partition": p, "earliest": lo, "latest": hi} for p, lo, hi in ranges]
+            retention = [
+                "store default" if value is None else value
+                for value in (topic.retention_ms, topic.retention_bytes)
+            ]
+            text = (
+                f"Topic: {name}\tPartitions: {topic.partitions}\tTimestampType: "
+                f"{topic.timestamp_type}\tRetentionMs: {retention[0]}\tRetentionBytes: "
+                f"{retention[1]}\tCreated: {_iso(topic.created_ms)}"
+            )
+            for p, lo, hi in ranges:
+                text += f"\n\tPartition: {p}\tEarliestOffset: {lo}\tLatestOffset: {hi}"
+            _emit(args, {"name": name, **topic.to_json(), "offsets": offsets}, text)
+    return EXIT_OK
+
+
+def _iso(epoch_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _cmd_topics_alter(args: argparse.Namespace) -> int:
+    with _open_store(args, write=True) as store:
+        topic = store.add_partitions(args.topic, args.partitions)
+    text = f"topic {topic.name} now has {topic.partitions} partitions"
+    _emit(args, {"name": topic.name, **topic.to_json()}, text)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- produce
+
+
+def _cmd_produce(args: argparse.Namespace) -> int:
+    headers = []
+    for item in args.header:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise CliError(f"bad --header {item!r}: use KEY=VALUE")
+        headers.append((name, value.encode("utf-8")))
+    separator = None if args.key_separator is None else args.key_separator.encode("utf-8")
+    if separator == b"":
+        raise CliError("--key-separator must not be empty")
+    fixed_key = None if args.key is None else args.key.encode("utf-8")
+    with contextlib.ExitStack() as stack:
+        source = sys.stdin.buffer
+        total = 0
+        if args.file is not None:
+            source = stack.enter_context(open(args.file, "rb"))
+            total = os.fstat(source.fileno()).st_size
+        store = stack.enter_context(_open_store(args, write=True))
+        store.describe_topic(args.topic)  # an unknown topic fails before reading input
+        producer = KafkaProducer(store, linger_ms=PRODUCE_LINGER_MS, batch_size=PRODUCE_BATCH_BYTES)
+        bar = _progress(args, args.file or "stdin", total, "B") if total else _NoProgress()
+        stack.callback(bar.close)
+        summary: dict[int, list[int]] = {}  # partition -> [records, first offset, last offset]
+        futures: list[Any] = []
+        try:
+            for number, raw in enumerate(source, start=1):
+                line = raw[:-1] if raw.endswith(b"\n") else raw
+                line = line[:-1] if line.endswith(b"\r") else line
+                key = fixed_key
+                if separator is not None:
+                    key, found, line = line.partition(separator)
+                    if not found:
+                        raise CliError(f"line {number} has no key separator {args.key_separator!r}")
+                futures.append(
+                    producer.send(
+                        args.topic, line, key=key, headers=headers, partition=args.partition
+                    )
+                )
+                bar.update(len(raw))
+                if len(futures) >= PRODUCE_CHECK_RECORDS:
+                    producer.flush()
+                    _settle(futures, summary)
+        finally:
+            producer.close()
+        _settle(futures, summary)
+    records = sum(item[0] for item in summary.values())
+    partitions = {
+        str(p): {"records": n, "first_offset": first, "last_offset": last}
+        for p, (n, first, last) in sorted(summary.items())
+    }
+    text = f"produced {records} record(s) to {args.topic}"
+    _emit(args, {"topic": args.topic, "records": records, "partitions": partitions}, text)
+    return EXIT_OK
+
+
+def _settle(futures: list[Any], summary: dict[int, list[int]]) -> None:
+    """Raise the first send error; count what landed where."""
+    for future in futures:
+        metadata = future.get()
+        entry = summary.setdefault(metadata.partition, [0, metadata.offset, metadata.offset])
+        entry[0] += 1
+        entry[1] = min(entry[1], metadata.offset)
+        entry[2] = max(entry[2], metadata.offset)
+    futures.clear()
+
+
+# ---------------------------------------------------------------- consume
+
+
+def _start_offset(store: Any, args: argparse.Namespace, partition: int, committed: Any) -> int:
+    topic = args.topic
+    if args.from_time is not None:
+        found = store.offset_for_timestamp(topic, partition, args.from_time)
+        return store.latest_offset(topic, partition) if found is None else int(found[0])
+    where = args.start
+    if where is None:
+        entry = committed.get((topic, partition))
+        where = "earliest" if entry is None else str(entry[0])
+    if where == "earliest":
+        return int(store.earliest_offset(topic, partition))
+    if where == "latest":
+        return int(store.latest_offset(topic, partition))
+    try:
+        offset = int(where)
+    except ValueError:
+        raise CliError(f"--from must be earliest, latest or an offset, not {where!r}") from None
+    earliest = store.earliest_offset(topic, partition)
+    latest = store.latest_offset(topic, partition)
+    if not earliest <= offset <= latest:
+        raise CliError(f"--from {offset}: partition {partition} holds [{earliest}, {latest})")
+    return offset
+
+
+def _cmd_consume(args: argparse.Namespace) -> int:
+    if args.timeout_ms is not None and not args.follow:
+        raise CliError("--timeout-ms needs --follow")
+    with _open_store(args, write=args.group is not None) as store:
+        topic = store.describe_topic(args.topic)
+        partitions = list(range(topic.partitions))
+        if args.partition is not None:
+            if not 0 <= args.partition < topic.partitions:
+                raise UnknownTopicError(f"topic {args.topic!r} has no partition {args.partition}")
+            partitions = [args.partition]
+        committed = store.offsets.load(args.group) if args.group else {}
+        positions = {p: _start_offset(store, args, p, committed) for p in partitions}
+        count = _consume_loop(store, args, positions)
+        if args.group:
+            entries = {(args.topic, p): (offset, "") for p, offset in positions.items()}
+            store.offsets.commit(args.group, entries)
+    _note(args, f"Processed a total of {count} messages")
+    return EXIT_OK
+
+
+def _consume_loop(store: Any, args: argparse.Namespace, positions: dict[int, int]) -> int:
+    """Print records until the end (or forever with --follow); advance ``positions``."""
+    limit = args.max_messages
+    count = 0
+    idle_since = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if args.follow else None
+    try:
+        while limit is None or count < limit:
+            got = 0
+            for partition, offset in positions.items():
+                wanted = (
+                    READ_BATCH_RECORDS if limit is None else min(READ_BATCH_RECORDS, limit - count)
+                )
+                if wanted <= 0:
+                    break
+                for record in store.read_records(args.topic, partition, offset, wanted):
+                    _print_record(args, partition, record)
+                    positions[partition] = record.offset + 1
+                    got += 1
+                    count += 1
+            sys.stdout.flush()
+            if got:
+                idle_since = time.monotonic()
+                continue
+            if not args.follow:
+                break
+            idle_ms = (time.monotonic() - idle_since) * 1000
+            if args.timeout_ms is not None and idle_ms >= args.timeout_ms:
+                break
+            wait_ms = POLL_WAIT_MS
+            if args.timeout_ms is not None:
+                wait_ms = max(1, min(wait_ms, int(args.timeout_ms - idle_ms)))
+            waits = [(args.topic, partition, offset) for partition, offset in positions.items()]
+            store.wait_for_data(waits, wait_ms)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise  # --follow is stopped this way; anything else was interrupted
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return count
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_record(args: argparse.Namespace, partition: int, record: Any) -> None:
+    stamp_name = TIMESTAMP_NAMES[record.timestamp_type]
+    if args.json:
+        data = {
+            "partition": partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp_ms,
+            "timestamp_type": stamp_name,
+            "key": record.key,
+            "value": record.value,
+            "headers": [{"key": name, "value": value} for name, value in record.headers],
+        }
+        print(_dumps(cli_dump.to_json(data)))
+        return
+    out = sys.stdout.buffer  # values are bytes: written as they are
+    if args.print_metadata:
+        stamp = f"{stamp_name}:{record.timestamp_ms}"
+        out.write(f"Partition:{partition}\tOffset:{record.offset}\t{stamp}\t".encode())
+    if args.print_key:
+        out.write(b"null" if record.key is None else record.key)
+        out.write(args.key_separator.encode("utf-8"))
+    out.write(b"null" if record.value is None else record.value)
+    out.write(b"\n")
+
+
+# ---------------------------------------------------------------- offsets and keys
+
+
+def _cmd_offsets(args: argparse.Namespace) -> int:
+    with _open_store(args, write=False) as store:
+        topic = store.describe_topic(args.topic)
+        groups = sorted(
+            set(args.group) | (set(store.offsets.groups()) if args.all_groups else set())
+        )
+        committed = {group: store.offsets.load(group) for group in groups}
+        rows = []
+        for partition in range(topic.partitions):
+            row: dict[str, Any] = {
+                "topic": args.topic,
+                "partition": partition,
+                "earliest": store.earliest_offset(args.topic, partition),
+                "latest": store.latest_offset(args.topic, partition),
+            }
+            if args.time is not None:
+                found = store.offset_for_timestamp(args.topic, partition, args.time)
+                row["offset_for_time"] = None if found is None else found[0]
+                row["timestamp"] = None if found is None else found[1]
+            if not groups:
+                rows.append(row)
+            for group in groups:
+                entry = committed[group].get((args.topic, partition))
+                offset = None if entry is None else entry[0]
+                lag = None if offset is None else max(0, row["latest"] - offset)
+                rows.append({**row, "group": group, "committed": offset, "lag": lag})
+    columns = ["topic", "partition", "earliest", "latest"]
+    columns += ["offset_for_time", "timestamp"] if args.time is not None else []
+    columns += ["group", "committed", "lag"] if groups else []
+    _table(args, rows, columns)
+    return EXIT_OK
+
+
+def _cmd_query_key(args: argparse.Namespace) -> int:
+    if args.engine != "commitlog":
+        raise CliError("query-key needs the commitlog engine (the segmented log has no key index)")
+    with _open_store(args, write=False) as store:
+        queues = os.path.join(store.root, "consumequeue", args.topic)
+        if args.topic not in store.list_topics() and not os.path.isdir(queues):
+            raise UnknownTopicError(f"unknown topic {args.topic!r}")
+        for message in store.query_by_key(args.topic, args.key, args.begin, args.end, args.max):
+            properties = dict(message.properties)  # the Kafka key is the first, if any
+            data = {
+                "partition": message.queue_id,
+                "offset": message.queue_offset,
+                "physical_offset": message.physical_offset,
+                "store_timestamp": message.store_timestamp_ms,
+                "born_timestamp": message.born_timestamp_ms,
+                "keys": list(message.keys),
+                "tag": message.tag,
+                "key": properties.get(KEY_PROPERTY),
+                "value": message.value,
+                "headers": [
+                    {"key": k, "value": v} for k, v in message.properties if k != KEY_PROPERTY
+                ],
+            }
+            text = (
+                f"Partition:{message.queue_id}\tOffset:{message.queue_offset}\t"
+                f"StoreTime:{_iso(message.store_timestamp_ms)}\t"
+                f"Keys:{','.join(message.keys)}\t"
+                + ("null" if message.value is None else cli_dump.printable(message.value))
+            )
+            _emit(args, data, text)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- dump and verify
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    for path in args.paths:
+        if not os.path.exists(path):
+            raise CliError(f"no such file: {path}")
+    try:
+        corrupt = cli_dump.print_dump(args.paths, args.kind, args.print_data, args.json)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if corrupt:
+        _note(args, f"{corrupt} corrupt spot(s) found")
+    return EXIT_CORRUPT if corrupt else EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.store):
+        raise CliError(f"no store at {args.store}")
+    bars: list[Any] = []
+
+    def progress(label: str, total: int) -> Callable[[int], None]:
+        bars.append(_progress(args, label, total, "file" if label == "ConsumeQueue" else "B"))
+        return bars[-1].update
+
+    try:
+        if args.engine == "segmented":
+            report = cli_verify.verify_segmented_store(args.store, progress)
+        else:
+            if os.path.exists(os.path.join(args.store, "abort")):
+                _note(args, "note: a writer has the store open, or it crashed: its tail may show")
+            report = cli_verify.verify_commitlog_store(args.store, progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    cli_verify.print_report(report, args.json)
+    return EXIT_CORRUPT if report.findings else EXIT_OK
+
+
+# ---------------------------------------------------------------- stats and bench
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with _open_store(args, write=False) as store:
+        stats = dict(store.stats())
+        stats["topics"] = len(store.list_topics())
+        stats["groups"] = len(store.offsets.groups())
+        if isinstance(store, MessageStore):
+            # Read-only: the store's dispatcher and flush positions are not running;
+            # the checkpoint says how far the writer got.
+            for name in ("dispatched_position", "dispatch_lag_bytes", "flushed_position"):
+                del stats[name]
+            stats.update(cli_verify.file_stats(args.store, store.commitlog.write_position))
+    stats["files"], stats["bytes"] = cli_verify.tree_size(args.store)
+    stats = {k: round(v, 1) if isinstance(v, float) else v for k, v in stats.items()}
+    if args.json:
+        print(_dumps(stats))
+    else:
+        for name, value in stats.items():
+            print(f"{name}: {'-' if value is None else value}")
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(root, "bench", "commitlog_append.py")):
+        raise CliError(
+            f"bench/ is not next to the mqstore package ({root}); run from a source checkout"
+        )
+    extra = [arg for arg in args.bench_args if arg != "--"]
+    command = [sys.executable, "-m", "bench.commitlog_append", "--quick", *extra]
+    _note(args, f"running {' '.join(command[1:])} in {root}")
+    return subprocess.call(command, cwd=root)

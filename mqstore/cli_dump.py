@@ -1,0 +1,761 @@
+"""The decoders behind ``mqstore dump`` and ``mqstore verify``.
+
+They read store files directly, with plain reads and read-only maps: they never open
+a store, take its lock or write a byte, so they never "repair" what they show (opening
+a store as a writer runs crash recovery, which cuts a corrupt tail).
+
+Kinds of file, told apart by path (``kind_of``)::
+
+    commitlog          <store>/commitlog/<20 digits>          CommitLog records
+    consumequeue       <store>/consumequeue/<topic>/<queue>/<20 digits>[.time]
+    index              <store>/index/<17 digits>              key index entries
+    checkpoint         <store>/checkpoint                     both checkpoint slots
+    segment-log        <20 digits>.log        Kafka record batches v2 (segmented engine)
+    segment-index      <20 digits>.index      (relative offset i32, position i32)
+    segment-timeindex  <20 digits>.timeindex  (timestamp i64, relative offset i32)
+
+Every decoder yields one dict per record, unit or entry, with its byte ``position``;
+a dict holding ``corrupt`` names what is wrong there. Payloads are bytes; the caller
+renders them (``to_json``, ``to_text``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib
+import json
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any, Final, NamedTuple
+
+import attrs
+import numpy as np
+import xxhash
+
+from commitlog import checkpoint as ckpt
+from commitlog.errors import CorruptDataError
+from commitlog.record import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    MESSAGE_MAGIC,
+    PREFIX,
+    Record,
+    decode,
+    read_prefix,
+)
+from consumequeue.format import (
+    FILE_NAME_DIGITS,
+    TIME_FILE_SUFFIX,
+    TIME_HEADER,
+    TIME_HEADER_SIZE_BYTES,
+    TIMESTAMP,
+    UNIT,
+    UNIT_SIZE_BYTES,
+    block_max_position_bytes,
+    blocks_per_file,
+    check_time_header,
+)
+from indexfile import format as ix
+
+__all__ = [
+    "KINDS",
+    "dump_path",
+    "kind_of",
+    "print_dump",
+    "printable",
+    "to_json",
+    "to_text",
+    "walk_batches",
+    "walk_commitlog",
+]
+
+Line = dict[str, Any]
+
+KINDS: Final = (
+    "commitlog",
+    "consumequeue",
+    "consumequeue-time",
+    "index",
+    "checkpoint",
+    "segment-log",
+    "segment-index",
+    "segment-timeindex",
+)
+
+# ---------------------------------------------------------------- Kafka record batch v2
+#
+# The segmented engine's .log holds Kafka record batches v2, declared here from
+# Kafka's documented layout rather than imported, so dump reads files whatever state
+# the engine's code is in. Big-endian; a 61-byte header, then the records.
+BATCH_HEADER: Final = struct.Struct(
+    ">"
+    "q"  # base_offset: offset of the first record
+    "i"  # length: bytes after this field
+    "i"  # partition_leader_epoch
+    "b"  # magic: 2
+    "I"  # crc: CRC-32C of bytes [21, end of batch)
+    "h"  # attributes: bits 0-2 compression, bit 3 LogAppendTime, 4 transactional, 5 control
+    "i"  # last_offset_delta
+    "q"  # base_timestamp
+    "q"  # max_timestamp
+    "q"  # producer_id
+    "h"  # producer_epoch
+    "i"  # base_sequence
+    "i"  # records_count
+)
+assert BATCH_HEADER.size == 61
+LOG_OVERHEAD: Final = struct.Struct(">qi")  # base_offset, length: what length leaves out
+assert LOG_OVERHEAD.size == 12
+CRC_FROM: Final = 21  # the CRC covers the batch from the attributes on
+BATCH_MAGIC: Final = 2
+COMPRESSION_MASK: Final = 0x07
+LOG_APPEND_TIME_MASK: Final = 0x08
+TRANSACTIONAL_MASK: Final = 0x10
+CONTROL_MASK: Final = 0x20
+VARINT_BYTES_MAX: Final = 10  # a zig-zag int64 takes at most 10 bytes
+OFFSET_ENTRY: Final = struct.Struct(">ii")  # .index: relative offset, position in the .log
+TIME_ENTRY: Final = struct.Struct(">qi")  # .timeindex: timestamp ms, relative offset
+assert OFFSET_ENTRY.size == 8
+assert TIME_ENTRY.size == 12
+_CRC32C_POLY_REVERSED: Final = 0x82F63B78  # Castagnoli
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ _CRC32C_POLY_REVERSED if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_TABLE: Final = _crc32c_table()
+
+
+def _crc32c_python(data: bytes | memoryview) -> int:
+    crc = 0xFFFFFFFF
+    table = _TABLE
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _load_crc32c() -> Callable[[bytes | memoryview], int]:
+    """The C implementation when the ``crc32c`` package is there (the segmented
+    engine needs it), else the table one (slow, but dump and verify still work)."""
+    try:
+        fast: Callable[[bytes | memoryview], int] = importlib.import_module("crc32c").crc32c
+    except ImportError:
+        return _crc32c_python
+    return fast
+
+
+crc32c: Final = _load_crc32c()
+assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def to_json(value: Any) -> Any:
+    """A JSON-ready copy: a bytes field ``name`` becomes ``name`` (UTF-8 text) or
+    ``name_base64`` when it is not UTF-8."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, bytes | bytearray | memoryview):
+                try:
+                    out[key] = bytes(item).decode("utf-8")
+                except UnicodeDecodeError:
+                    out[key + "_base64"] = base64.b64encode(item).decode("ascii")
+            else:
+                out[key] = to_json(item)
+        return out
+    if isinstance(value, list | tuple):
+        return [to_json(item) for item in value]
+    return value
+
+
+# Control characters, and bytes that are not UTF-8 (decoded as surrogates), as \xNN.
+_ESCAPES: Final = (
+    {code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F]}
+    | {0xDC00 + code: f"\\x{code:02x}" for code in range(0x80, 0x100)}
+    | {
+        ord("\n"): "\\n",
+        ord("\r"): "\\r",
+        ord("\t"): "\\t",
+        ord("\\"): "\\\\",
+    }
+)
+
+
+def printable(data: bytes | bytearray | memoryview | str) -> str:
+    """Text or bytes as one line: UTF-8, with bad bytes and control characters escaped."""
+    text = data if isinstance(data, str) else bytes(data).decode("utf-8", "surrogateescape")
+    return text.translate(_ESCAPES)
+
+
+def to_text(line: Line) -> str:
+    """``key: value`` pairs on one line, as kafka-dump-log prints them; a record of a
+    batch starts with ``|``."""
+    parts = ["|"] if "in_batch" in line else []
+    for key, value in line.items():
+        if key != "in_batch":
+            parts.append(f"{key}: {_item_text(value)}")
+    return " ".join(parts)
+
+
+def _item_text(item: Any) -> str:
+    if isinstance(item, dict):
+        return "=".join(_item_text(value) for value in item.values())
+    if isinstance(item, list | tuple):
+        return "[" + ", ".join(_item_text(value) for value in item) + "]"
+    if isinstance(item, bytes | bytearray | memoryview | str):
+        return printable(item)
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    return "null" if item is None else str(item)
+
+
+# ---------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def mapped(path: str) -> Iterator[mmap.mmap | bytes]:
+    """The file's bytes, mapped read-only (b"" for an empty file)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            yield b""
+            return
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mapped
+    finally:
+        close_map(mapped)
+
+
+def close_map(mapped: mmap.mmap) -> None:
+    try:
+        mapped.close()
+    except BufferError:  # a record view is still held; the map goes with it
+        pass
+
+
+def read_bytes(path: str, position: int, size: int) -> bytes:
+    with open(path, "rb") as handle:
+        return os.pread(handle.fileno(), size, position)
+
+
+def is_digits(name: str, count: int) -> bool:
+    return len(name) == count and name.isdigit()
+
+
+def kind_of(path: str) -> str | None:
+    """What a store file is, from its path (see the module docstring), or None."""
+    name = os.path.basename(path)
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    for suffix, kind in (
+        (".log", "segment-log"),
+        (".timeindex", "segment-timeindex"),
+        (".index", "segment-index"),
+    ):
+        if name.endswith(suffix):
+            return kind
+    if name == ckpt.CHECKPOINT_NAME:
+        return "checkpoint"
+    if is_digits(name, FILE_NAME_DIGITS) and parent == "commitlog":
+        return "commitlog"
+    if is_digits(name, ix.FILE_NAME_DIGITS) and parent == "index":
+        return "index"
+    queue_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    if os.path.basename(queue_root) == "consumequeue":
+        if is_digits(name, FILE_NAME_DIGITS):
+            return "consumequeue"
+        if name.endswith(TIME_FILE_SUFFIX) and is_digits(
+            name[: -len(TIME_FILE_SUFFIX)], FILE_NAME_DIGITS
+        ):
+            return "consumequeue-time"
+    return None
+
+
+def dump_path(path: str, kind: str | None, print_data: bool) -> Iterator[Line]:
+    """Lines for one file, or for every file of a known kind under a directory.
+
+    Raises:
+        ValueError: the kind of a named file cannot be told from its path.
+    """
+    if os.path.isdir(path):
+        for directory, subdirectories, names in os.walk(path):
+            subdirectories.sort()
+            for name in sorted(names):
+                child = os.path.join(directory, name)
+                child_kind = kind or kind_of(child)
+                if child_kind is not None:
+                    yield from _dump_file(child, child_kind, print_data)
+        return
+    found = kind or kind_of(path)
+    if found is None:
+        raise ValueError(
+            f"cannot tell what kind of file {path} is from its path; pass --kind "
+            f"({', '.join(KINDS)})"
+        )
+    yield from _dump_file(path, found, print_data)
+
+
+def _dump_file(path: str, kind: str, print_data: bool) -> Iterator[Line]:
+    size_bytes = os.path.getsize(path)
+    yield {"file": path, "kind": kind, "size_bytes": size_bytes}
+    decoders: dict[str, Callable[[str, bool], Iterator[Line]]] = {
+        "commitlog": _dump_commitlog,
+        "consumequeue": _dump_units,
+        "consumequeue-time": _dump_times,
+        "index": dump_index,
+        "checkpoint": _dump_checkpoint,
+        "segment-log": _dump_batches,
+        "segment-index": _dump_offset_index,
+        "segment-timeindex": _dump_time_index,
+    }
+    yield from decoders[kind](path, print_data)
+
+
+def print_dump(paths: list[str], kind: str | None, print_data: bool, as_json: bool) -> int:
+    """Print the lines of every path (JSON Lines with ``as_json``); return how many
+    corrupt spots they show.
+
+    Raises:
+        ValueError: the kind of a named file cannot be told from its path.
+    """
+    corrupt = 0
+    for path in paths:
+        for line in dump_path(path, kind, print_data):
+            corrupt += "corrupt" in line
+            if as_json:
+                print(json.dumps(to_json(line), ensure_ascii=False))
+            elif "file" in line:
+                print(f"Dumping {line['file']} ({line['kind']}, {line['size_bytes']} bytes)")
+            else:
+                print(to_text(line))
+    return corrupt
+
+
+# ---------------------------------------------------------------- CommitLog
+
+
+class Step(NamedTuple):
+    """One stop of a walk through a CommitLog file."""
+
+    kind: str  # "record", "blank", "corrupt" or "end" (zeros, or the end of the file)
+    position: int  # in the file
+    size: int  # bytes of the record; 0 for "end" and an unskippable "corrupt"
+    record: Record | None
+    reason: str
+
+
+def walk_commitlog(buffer: Any, path: str, file_start: int) -> Iterator[Step]:
+    """Every record of one CommitLog file, verified, up to zeros or a blank record.
+
+    A corrupt record whose prefix (size, magic) is sane is stepped over, so every
+    corrupt position is reported; after an insane prefix the file cannot be walked on.
+    """
+    limit = len(buffer)
+    position = 0
+    while position + BLANK_SIZE <= limit:
+        total_size, magic, _ = PREFIX.unpack_from(buffer, position)
+        if total_size == 0 and magic == 0:
+            break
+        try:
+            record = decode(buffer, position, limit, path, file_start)
+        except CorruptDataError as error:
+            try:
+                skip, _ = read_prefix(buffer, position, limit, path)
+            except CorruptDataError:
+                skip = 0
+            yield Step("corrupt", position, skip, None, error.reason)
+            if not skip:
+                return
+            position += skip
+            continue
+        if record is None:
+            yield Step("blank", position, total_size, None, "")
+            return
+        yield Step("record", position, record.size, record, "")
+        position += record.size
+    yield Step("end", position, 0, None, "")
+
+
+def _dump_commitlog(path: str, print_data: bool) -> Iterator[Line]:
+    file_start = int(os.path.basename(path))
+    records = 0
+    with mapped(path) as buffer:
+        for step in walk_commitlog(buffer, path, file_start):
+            line: Line = {"position": step.position, "physical_offset": file_start + step.position}
+            if step.kind == "record":
+                assert step.record is not None
+                records += 1
+                line.update(_record_fields(step.record, print_data))
+            elif step.kind == "blank":
+                line.update(magic="blank", size=step.size)
+            elif step.kind == "corrupt":
+                line.update(_claimed_fields(buffer, step.position))
+                line["corrupt"] = step.reason
+            else:
+                line.update(end="zeros" if step.position < len(buffer) else "end of file")
+                line["records"] = records
+            yield line
+
+
+def _record_fields(record: Record, print_data: bool) -> Line:
+    body_len = -1 if record.body is None else len(record.body)
+    line: Line = {
+        "size": record.size,
+        "topic": record.topic,
+        "queue_id": record.queue_id,
+        "queue_offset": record.queue_offset,
+        "born_ts_ms": record.born_ts_ms,
+        "store_ts_ms": record.store_ts_ms,
+        "flags": record.flags,
+        "tag": record.tag,
+        "keys": list(record.keys),
+        "properties": len(record.properties),
+        "body_len": body_len,
+        "checksum": "valid",
+    }
+    if print_data:
+        line["properties"] = [{"key": k, "value": v} for k, v in record.properties]
+        line["body"] = None if record.body is None else bytes(record.body)
+    return line
+
+
+def _claimed_fields(buffer: Any, position: int) -> Line:
+    """What the header of a corrupt record claims, when there is a whole header."""
+    if position + HEADER_SIZE > len(buffer):
+        return {}
+    fields = HEADER.unpack_from(buffer, position)
+    total_size, magic, _, queue_offset, physical_offset, _, store_ts_ms, queue_id = fields[:8]
+    if magic not in (MESSAGE_MAGIC, BLANK_MAGIC):
+        return {"magic": f"0x{magic:08x}"}
+    return {
+        "size": total_size,
+        "queue_id": queue_id,
+        "queue_offset": queue_offset,
+        "claimed_physical_offset": physical_offset,
+        "store_ts_ms": store_ts_ms,
+    }
+
+
+# ---------------------------------------------------------------- ConsumeQueue
+
+
+def _dump_units(path: str, print_data: bool) -> Iterator[Line]:
+    data = read_bytes(path, 0, os.path.getsize(path))
+    if len(data) % UNIT_SIZE_BYTES:
+        yield {"position": 0, "corrupt": f"size {len(data)} is not a multiple of 20"}
+        return
+    units = np.frombuffer(data, dtype=UNIT)
+    first_offset = int(os.path.basename(path)) // UNIT_SIZE_BYTES
+    times = companion_times(path + TIME_FILE_SUFFIX, len(units))
+    for index in np.flatnonzero(units["size"] != 0).tolist():
+        unit = units[index]
+        line: Line = {
+            "queue_offset": first_offset + index,
+            "position": index * UNIT_SIZE_BYTES,
+            "commitlog_offset": int(unit["commitlog_offset"]),
+            "size": int(unit["size"]),
+            "tag_hash": int(unit["tag_hash"]),
+        }
+        if times is not None:
+            line["timestamp_ms"] = int(times[index])
+        yield line
+    yield {"units_per_file": len(units), "written_units": int(np.count_nonzero(units["size"]))}
+
+
+def companion_times(time_path: str, units_per_file: int) -> np.ndarray | None:
+    if not os.path.exists(time_path):
+        return None
+    raw = read_bytes(time_path, TIME_HEADER_SIZE_BYTES, units_per_file * TIMESTAMP.itemsize)
+    if len(raw) != units_per_file * TIMESTAMP.itemsize:
+        return None
+    return np.frombuffer(raw, dtype=TIMESTAMP)
+
+
+def time_header(path: str) -> tuple[np.ndarray, Line]:
+    header = np.frombuffer(read_bytes(path, 0, TIME_HEADER_SIZE_BYTES), dtype=TIME_HEADER)
+    if len(header) != 1:
+        raise CorruptDataError(path, 0, "time file header cut off")
+    names = TIME_HEADER.names or ()
+    fields: Line = {name: int(header[name][0]) for name in names if name != "reserved"}
+    fields["magic"] = f"0x{fields['magic']:08x}"
+    return header, fields
+
+
+def _dump_times(path: str, print_data: bool) -> Iterator[Line]:
+    try:
+        header, fields = time_header(path)
+        units_per_file = int(header["units_per_file"][0])
+        interval = int(header["time_index_interval_units"][0])
+        check_time_header(path, header, units_per_file, interval)
+    except CorruptDataError as error:
+        yield {"position": error.position, "corrupt": error.reason}
+        return
+    yield {"position": 0, **fields}
+    blocks = blocks_per_file(units_per_file, interval)
+    block_position = block_max_position_bytes(units_per_file)
+    maxima = np.frombuffer(read_bytes(path, block_position, blocks * 8), dtype=TIMESTAMP)
+    for block, maximum in enumerate(maxima.tolist()):
+        if maximum:
+            yield {
+                "block": block,
+                "position": block_position + block * 8,
+                "units": f"[{block * interval}, {min((block + 1) * interval, units_per_file)})",
+                "max_timestamp_ms": maximum,
+            }
+    if print_data:
+        times = companion_times(path, units_per_file)
+        assert times is not None
+        for unit, stamp in enumerate(times.tolist()):
+            if stamp:
+                position = TIME_HEADER_SIZE_BYTES + unit * TIMESTAMP.itemsize
+                yield {"unit": unit, "position": position, "timestamp_ms": stamp}
+
+
+# ---------------------------------------------------------------- IndexFile and checkpoint
+
+
+def dump_index(path: str, print_data: bool) -> Iterator[Line]:
+    head = read_bytes(path, 0, ix.FILE_HEADER_SIZE)
+    if len(head) < ix.FILE_HEADER_SIZE:
+        yield {"position": 0, "corrupt": "header cut off"}
+        return
+    magic, version = ix.PREFIX.unpack_from(head, 0)
+    if magic != ix.INDEX_MAGIC or version != ix.FORMAT_VERSION:
+        yield {"position": 0, "corrupt": f"bad magic 0x{magic:08x} or version {version}"}
+        return
+    header = ix.IndexHeader.unpack_from(head)
+    yield {"position": ix.HEADER_POSITION, **attrs.asdict(header)}
+    entry_count = ix.entry_count_for_size(max(header.slot_count, 1), os.path.getsize(path))
+    if header.slot_count < 1 or entry_count is None:
+        yield {"position": ix.HEADER_POSITION, "corrupt": "slot count does not fit the file size"}
+        return
+    if not 0 <= header.index_count <= ix.entry_capacity(entry_count):
+        yield {"position": ix.INDEX_COUNT_POSITION, "corrupt": "index count past the capacity"}
+        return
+    base = ix.entries_position(header.slot_count)
+    raw = read_bytes(path, base + ix.ENTRY_SIZE, header.index_count * ix.ENTRY_SIZE)
+    entries = np.frombuffer(raw, dtype=ix.ENTRY_DTYPE)
+    for number, entry in enumerate(entries.tolist(), start=1):
+        key_hash, physical_offset, time_delta_s, prev = entry
+        yield {
+            "entry": number,
+            "position": base + number * ix.ENTRY_SIZE,
+            "key_hash": key_hash,
+            "slot": key_hash % header.slot_count,
+            "physical_offset": physical_offset,
+            "time_delta_s": time_delta_s,
+            "timestamp_ms": header.begin_ts_ms + time_delta_s * ix.TIME_GRANULARITY_MS,
+            "prev": prev,
+        }
+    if print_data:
+        slots = np.frombuffer(
+            read_bytes(path, ix.SLOTS_POSITION, header.slot_count * ix.SLOT_SIZE), ix.SLOT_DTYPE
+        )
+        for slot in np.flatnonzero(slots).tolist():
+            position = ix.SLOTS_POSITION + slot * ix.SLOT_SIZE
+            yield {"slot": slot, "position": position, "newest_entry": int(slots[slot])}
+
+
+def _dump_checkpoint(path: str, print_data: bool) -> Iterator[Line]:
+    raw = read_bytes(path, 0, 2 * ckpt.SLOT_SIZE)
+    for slot in range(2):
+        position = slot * ckpt.SLOT_SIZE
+        data = raw[position : position + ckpt.SLOT_SIZE]
+        if len(data) < ckpt.SLOT_SIZE or not any(data):
+            yield {"slot": slot, "position": position, "state": "empty"}
+            continue
+        fields = ckpt.SLOT.unpack(data)
+        magic, version, _, sequence, flushed, dispatched, flushed_ts, dispatched_ts = fields[:8]
+        written_at_ms, check = fields[8:]
+        valid = (
+            magic == ckpt.CHECKPOINT_MAGIC
+            and version == ckpt.CHECKPOINT_VERSION
+            and xxhash.xxh3_64_intdigest(data[: ckpt.CHECKSUMMED]) == check
+        )
+        yield {
+            "slot": slot,
+            "position": position,
+            # An invalid slot is a torn write the loader skips, not lost data.
+            "state": "valid" if valid else "invalid (ignored on load)",
+            "sequence": sequence,
+            "flushed_position": flushed,
+            "dispatched_position": dispatched,
+            "flushed_ts_ms": flushed_ts,
+            "dispatched_ts_ms": dispatched_ts,
+            "written_at_ms": written_at_ms,
+        }
+
+
+# ---------------------------------------------------------------- segmented engine
+
+
+class Batch(NamedTuple):
+    position: int
+    size: int
+    header: tuple[int, ...]  # BATCH_HEADER fields, or () when cut off
+    reason: str  # "" when the batch verifies
+
+
+def walk_batches(buffer: Any) -> Iterator[Batch]:
+    """Every record batch of a .log, CRC checked, up to zeros or the end of the file."""
+    limit = len(buffer)
+    position = 0
+    while position + LOG_OVERHEAD.size <= limit:
+        base_offset, length = LOG_OVERHEAD.unpack_from(buffer, position)
+        if base_offset == 0 and length == 0:
+            return  # zeros: a preallocated tail
+        size = LOG_OVERHEAD.size + length
+        if size < BATCH_HEADER.size or position + size > limit:
+            yield Batch(position, 0, (), f"batch length {length} runs past the end of the file")
+            return
+        header = BATCH_HEADER.unpack_from(buffer, position)
+        reason = ""
+        if header[3] != BATCH_MAGIC:
+            reason = f"magic {header[3]} is not 2"
+        elif crc32c(memoryview(buffer)[position + CRC_FROM : position + size]) != header[4]:
+            reason = "CRC-32C mismatch"
+        yield Batch(position, size, header, reason)
+        position += size
+    if position < limit:
+        yield Batch(position, 0, (), f"{limit - position} trailing bytes, less than a batch")
+
+
+def _varint(buffer: Any, position: int) -> tuple[int, int]:
+    """A zig-zag varint at ``position``: (value, position after it)."""
+    result = shift = 0
+    for count in range(VARINT_BYTES_MAX):
+        byte = buffer[position + count]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), position + count + 1
+        shift += 7
+    raise ValueError(f"varint longer than {VARINT_BYTES_MAX} bytes")
+
+
+def _sized(buffer: Any, position: int, end: int) -> tuple[bytes | None, int]:
+    length, position = _varint(buffer, position)
+    if length < 0:
+        return None, position
+    if position + length > end:
+        raise ValueError("a field runs past its record")
+    return bytes(buffer[position : position + length]), position + length
+
+
+def _batch_records(buffer: Any, batch: Batch, print_data: bool) -> Iterator[Line]:
+    base_offset, base_timestamp, count = batch.header[0], batch.header[7], batch.header[12]
+    stamp_name = "LogAppendTime" if batch.header[5] & LOG_APPEND_TIME_MASK else "CreateTime"
+    position = batch.position + BATCH_HEADER.size
+    batch_end = batch.position + batch.size
+    for _ in range(count):
+        record_position = position
+        length, position = _varint(buffer, position)
+        end = position + length
+        if length < 0 or end > batch_end:
+            raise ValueError(f"record of {length} bytes at {record_position} runs past the batch")
+        position += 1  # attributes, unused
+        timestamp_delta, position = _varint(buffer, position)
+        offset_delta, position = _varint(buffer, position)
+        key, position = _sized(buffer, position, end)
+        value, position = _sized(buffer, position, end)
+        header_count, position = _varint(buffer, position)
+        headers = []
+        for _ in range(header_count):
+            name, position = _sized(buffer, position, end)
+            data, position = _sized(buffer, position, end)
+            headers.append({"key": name, "value": data})
+        if position != end:
+            raise ValueError(f"record at {record_position}: {end - position} bytes left over")
+        line: Line = {
+            "offset": base_offset + offset_delta,
+            "position": record_position,
+            stamp_name: base_timestamp + timestamp_delta,
+            "keySize": -1 if key is None else len(key),
+            "valueSize": -1 if value is None else len(value),
+            "headerKeys": [header["key"] for header in headers],
+        }
+        if print_data:
+            line.update(key=key, payload=value, headers=headers)
+        yield line
+    if position != batch_end:
+        raise ValueError(f"{batch_end - position} bytes after the last record of the batch")
+
+
+def _dump_batches(path: str, print_data: bool) -> Iterator[Line]:
+    with mapped(path) as buffer:
+        for batch in walk_batches(buffer):
+            if not batch.header:
+                yield {"position": batch.position, "corrupt": batch.reason}
+                return
+            h = batch.header
+            line: Line = {
+                "baseOffset": h[0],
+                "lastOffset": h[0] + h[6],
+                "count": h[12],
+                "position": batch.position,
+                "size": batch.size,
+                "magic": h[3],
+                "CreateTime" if not h[5] & LOG_APPEND_TIME_MASK else "LogAppendTime": h[8],
+                "compresscodec": h[5] & COMPRESSION_MASK,
+                "isTransactional": bool(h[5] & TRANSACTIONAL_MASK),
+                "isControl": bool(h[5] & CONTROL_MASK),
+                "producerId": h[9],
+                "partitionLeaderEpoch": h[2],
+                "crc": h[4],
+                "isvalid": not batch.reason,
+            }
+            if batch.reason:
+                line["corrupt"] = batch.reason
+            yield line
+            if batch.reason or h[5] & COMPRESSION_MASK:
+                continue  # a bad CRC or compressed records: records are not decoded
+            try:
+                for record in _batch_records(buffer, batch, print_data):
+                    yield {"in_batch": h[0], **record}
+            except (ValueError, IndexError) as error:
+                yield {"position": batch.position, "corrupt": f"records do not decode: {error}"}
+
+
+def _dump_entries(path: str, entry: struct.Struct, render: Callable[..., Line]) -> Iterator[Line]:
+    base_offset = _base_offset(path)
+    data = read_bytes(path, 0, os.path.getsize(path))
+    entries = len(data) // entry.size
+    for number in range(entries):
+        fields = entry.unpack_from(data, number * entry.size)
+        if not any(fields):
+            yield {"entries": number, "position": number * entry.size, "end": "zeros"}
+            return
+        yield {"position": number * entry.size, **render(base_offset, *fields)}
+    if len(data) % entry.size:
+        yield {"position": entries * entry.size, "corrupt": "a partial entry at the end"}
+
+
+def _base_offset(path: str) -> int:
+    stem = os.path.basename(path).split(".", 1)[0]
+    return int(stem) if stem.isdigit() else 0
+
+
+def _dump_offset_index(path: str, print_data: bool) -> Iterator[Line]:
+    yield from _dump_entries(
+        path, OFFSET_ENTRY, lambda base, relative, where: {"offset": base + relative, "pos": where}
+    )
+
+
+def _dump_time_index(path: str, print_data: bool) -> Iterator[Line]:
+    yield from _dump_entries(
+        path,
+        TIME_ENTRY,
+        lambda base, stamp, relative: {"timestamp": stamp, "offset": base + relative},
+    )
