@@ -197,6 +197,63 @@ class FutureRecordMetadata:
         return self
 
 
+#: kafka-python settings that concern brokers, the network or security: accepted (so
+#: code written for kafka-python runs unchanged) and ignored, as there is no broker.
+_IGNORED_CONFIGS = frozenset(
+    [
+        "bootstrap_servers",
+        "client_id",
+        "group_instance_id",
+        "enable_incremental_fetch_sessions",
+        "fetch_min_bytes",
+        "fetch_max_bytes",
+        "max_partition_fetch_bytes",
+        "request_timeout_ms",
+        "retry_backoff_ms",
+        "max_in_flight_requests_per_connection",
+        "check_crcs",
+        "isolation_level",
+        "allow_auto_create_topics",
+        "metadata_max_age_ms",
+        "partition_assignment_strategy",
+        "max_poll_interval_ms",
+        "session_timeout_ms",
+        "heartbeat_interval_ms",
+        "receive_buffer_bytes",
+        "send_buffer_bytes",
+        "socket_options",
+        "security_protocol",
+        "api_version",
+        "api_version_auto_timeout_ms",
+        "connections_max_idle_ms",
+        "selector",
+        "exclude_internal_topics",
+        "default_offset_commit_callback",
+        "enable_idempotence",
+        "transactional_id",
+        "transaction_timeout_ms",
+        "delivery_timeout_ms",
+        "bootstrap_topics_filter",
+        "compression_type",
+        "retries",
+        "max_block_ms",
+        "max_request_size",
+        "kafka_client",
+    ]
+)
+_IGNORED_PREFIXES = ("ssl_", "sasl_", "metric", "reconnect_", "sock_")
+
+
+def _check_configs(configs: dict[str, Any], known: dict[str, Any], kind: str) -> None:
+    unknown = {
+        name for name in configs
+        if name not in known and name not in _IGNORED_CONFIGS
+        and not name.startswith(_IGNORED_PREFIXES)
+    }  # fmt: skip
+    if unknown:
+        raise InvalidArgumentError(f"unrecognized {kind} configs: {sorted(unknown)}")
+
+
 _PRODUCER_DEFAULTS: dict[str, Any] = {
     "key_serializer": None,
     "value_serializer": None,
@@ -218,9 +275,7 @@ class KafkaProducer:
     """
 
     def __init__(self, store: Engine, **configs: Any) -> None:
-        unknown = set(configs) - set(_PRODUCER_DEFAULTS) - {"bootstrap_servers"}
-        if unknown:
-            raise InvalidArgumentError(f"unknown producer configs: {sorted(unknown)}")
+        _check_configs(configs, _PRODUCER_DEFAULTS, "producer")
         if not isinstance(store, Engine):
             raise InvalidTypeError("store must be an open MessageStore or SegmentedStore")
         self.config = {**_PRODUCER_DEFAULTS, **configs}
@@ -422,9 +477,7 @@ class KafkaConsumer:
     """Reads partitions of an engine with kafka-python's API (see module docs)."""
 
     def __init__(self, *topics: str, store: Engine, **configs: Any) -> None:
-        unknown = set(configs) - set(_CONSUMER_DEFAULTS) - {"bootstrap_servers"}
-        if unknown:
-            raise InvalidArgumentError(f"unknown consumer configs: {sorted(unknown)}")
+        _check_configs(configs, _CONSUMER_DEFAULTS, "consumer")
         if not isinstance(store, Engine):
             raise InvalidTypeError("store must be an open MessageStore or SegmentedStore")
         self.config = {**_CONSUMER_DEFAULTS, **configs}

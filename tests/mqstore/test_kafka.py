@@ -345,3 +345,15 @@ def test_auto_commit_on_poll_and_close(engine):
     _drain(manual, 6)
     manual.close()
     assert KafkaConsumer(store=engine, group_id="manual").committed(tp) is None
+
+
+def test_kafka_python_configs_are_accepted_and_unknown_ones_refused(engine):
+    engine.create_topic("cfg", 1)
+    KafkaProducer(engine, bootstrap_servers="ignored:9092", acks="all", retries=3,
+                  compression_type=None, ssl_cafile=None).close()  # fmt: skip
+    KafkaConsumer("cfg", store=engine, session_timeout_ms=10_000, fetch_max_bytes=1 << 20,
+                  security_protocol="PLAINTEXT").close()  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="unrecognized"):
+        KafkaConsumer(store=engine, no_such_setting=1)
+    with pytest.raises(InvalidArgumentError, match="unrecognized"):
+        KafkaProducer(engine, lingerms=5)
