@@ -10,13 +10,16 @@ How it opens the store:
 - commands that only read (``topics list|describe``, ``consume``, ``offsets``,
   ``query-key``, ``stats``) open it read-only: they run beside a live writer and
   never change a byte;
-- ``dump`` and ``verify`` read the files directly (``mqstore.cli_dump``), so verify
-  never "repairs" what it checks (a writer's open cuts a corrupt tail).
+- ``dump`` and ``verify`` read the files directly (``mqstore.cli_dump``,
+  ``mqstore.cli_verify``), so verify never "repairs" what it checks (a writer's open
+  cuts a corrupt tail).
 
 Config: ``--config KEY=VALUE`` sets StoreConfig fields (SegmentedConfig fields with
-``--engine segmented``) for this run; nothing is persisted. The file layout
-(CommitLog file size, ConsumeQueue units per file) is read back from the store's
-files when not given, and a given value that contradicts the files is refused.
+``--engine segmented``) for this run, after those in ``$MQSTORE_CONFIG``; nothing is
+persisted. The file layout (CommitLog file size, ConsumeQueue units per file, index
+slots and entries) is read back from the store's files when not given, and a given
+value that contradicts the files is refused; a part with no file yet (a topic never
+written) takes this run's config, so set small layouts in ``$MQSTORE_CONFIG``.
 
 Exit codes: 0 success, 1 a user error (bad arguments, unknown topic, a store error
 that is not corruption), 2 corrupt data (CorruptDataError, or verify/dump findings).
@@ -32,10 +35,8 @@ import importlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
@@ -43,7 +44,7 @@ from typing import Any, Final, NoReturn
 import attrs
 
 from commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
-from mqstore import cli_dump, cli_verify
+from mqstore import cli_consume, cli_dump, cli_verify
 from mqstore.commitlog_engine import KEY_PROPERTY
 from mqstore.config import StoreConfig
 from mqstore.kafka import KafkaProducer
@@ -57,12 +58,10 @@ EXIT_CORRUPT: Final = 2
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report it
 DEFAULT_STORE: Final = "./mqstore-data"
 STORE_ENV: Final = "MQSTORE_STORE"
-READ_BATCH_RECORDS: Final = 500  # records read per partition per round (max_poll_records)
-POLL_WAIT_MS: Final = 200  # --follow: one long poll; bounds how late SIGINT is noticed
+CONFIG_ENV: Final = "MQSTORE_CONFIG"  # KEY=VALUE pairs, space- or comma-separated
 PRODUCE_LINGER_MS: Final = 50  # a line from a slow pipe is appended within this
 PRODUCE_BATCH_BYTES: Final = 1 << 20  # records per put_batch, in bytes of key and value
 PRODUCE_CHECK_RECORDS: Final = 10_000  # futures checked (and freed) this often
-TIMESTAMP_NAMES: Final = ("CreateTime", "LogAppendTime")  # by EngineRecord.timestamp_type
 
 
 class CliError(Exception):
@@ -107,10 +106,13 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         action="append",
         default=default([]),
-        help="a StoreConfig field, e.g. commitlog_file_size_bytes=1048576 (repeatable; "
-        "nothing is persisted, so pass the same values at every run)",
+        help="set a StoreConfig field for this run, e.g. commitlog_file_size_bytes=1048576 "
+        f"(repeatable; after those in ${CONFIG_ENV}; the file layout is read back from an "
+        "existing store)",
     )
-    group.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+    group.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON Lines"
+    )
     group.add_argument(
         "--quiet", action="store_true", default=default(False), help="no progress bars or notes"
     )
@@ -138,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_topics(commands, common)
     produce = command("produce", "append lines of stdin or a file to a topic", _cmd_produce)
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic")
     produce.add_argument("--file", metavar="PATH", help="read this file instead of stdin")
     keys = produce.add_mutually_exclusive_group()
     keys.add_argument("--key", help="the key of every record")
@@ -151,11 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     consume = command("consume", "print the records of a topic", _cmd_consume)
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="the topic")
     start = consume.add_mutually_exclusive_group()
     start.add_argument(
         "--from",
         dest="start",
+        type=_start,
         metavar="WHERE",
         help="earliest, latest or an offset (default: the group's committed offset, else earliest)",
     )
@@ -176,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     offsets = command("offsets", "earliest, latest and lag per partition", _cmd_offsets)
-    offsets.add_argument("topic")
+    offsets.add_argument("topic", help="the topic")
     offsets.add_argument("--time", type=_time_ms, help="also the offset for this time")
     offsets.add_argument(
         "--group", action="append", default=[], help="show this group's lag (repeatable)"
@@ -184,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.add_argument("--all-groups", action="store_true", help="show every group's lag")
 
     query = command("query-key", "find the messages of a topic with a key", _cmd_query_key)
-    query.add_argument("topic")
-    query.add_argument("key")
+    query.add_argument("topic", help="the topic")
+    query.add_argument("key", help="a message key (a Kafka key that is UTF-8 text is one)")
     query.add_argument("--begin", type=_time_ms, default=0, help="ms or ISO-8601 (default: 0)")
     query.add_argument("--end", type=_time_ms, default=2**63 - 1, help="(default: no end)")
     query.add_argument("--max", type=_positive, default=64, help="at most N (default: 64)")
@@ -195,10 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--print-data", action="store_true", help="show keys, bodies, payloads")
     dump.add_argument("--kind", choices=cli_dump.KINDS, help="do not guess the kind from the path")
 
-    command("verify", "check every checksum and every ConsumeQueue unit (exit 2)", _cmd_verify)
+    command("verify", "check every record checksum and ConsumeQueue unit", _cmd_verify)
     command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
     bench = command("bench", "run the quick CommitLog append benchmark", _cmd_bench)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    bench.add_argument(
+        "bench_args", nargs=argparse.REMAINDER, help="more benchmark arguments, after --"
+    )
     return parser
 
 
@@ -211,7 +216,9 @@ def _add_topics(commands: Any, common: argparse.ArgumentParser) -> None:
     create.set_defaults(handler=_cmd_topics_create)
     create.add_argument("topic")
     create.add_argument("--partitions", type=_positive, default=1, help="default: 1")
-    create.add_argument("--timestamp-type", choices=TIMESTAMP_NAMES, default="CreateTime")
+    create.add_argument(
+        "--timestamp-type", choices=cli_consume.TIMESTAMP_NAMES, default="CreateTime"
+    )
     create.add_argument("--retention-ms", type=int, help="-1: keep forever (default: store's)")
     create.add_argument("--retention-bytes", type=int, help="per partition; -1: no limit")
     create.add_argument("--if-not-exists", action="store_true", help="no error if it exists")
@@ -239,9 +246,10 @@ examples:
   mqstore verify
 
 exit codes: 0 success, 1 user error, 2 corrupt data found.
-A new store takes the default StoreConfig (1 GiB pre-warmed CommitLog files); pass
---config commitlog_file_size_bytes=... to create a small one. The file layout is read
-back from the files; other --config values apply to the run that passes them."""
+A new store takes the default StoreConfig (1 GiB pre-warmed CommitLog files). For a
+small one, export MQSTORE_CONFIG="commitlog_file_size_bytes=1048576 prewarm=false"
+(or pass --config at every run): nothing is persisted; the layout of existing files
+is read back from them."""
 
 
 def _positive(text: str) -> int:
@@ -252,6 +260,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _start(text: str) -> str | int:
+    """--from: earliest, latest or an offset."""
+    if text in ("earliest", "latest"):
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"use earliest, latest or an offset, not {text!r}")
+    return int(text)
 
 
 def _time_ms(text: str) -> int:
@@ -317,39 +334,42 @@ def _fail(error: BaseException | str, code: int, debug: bool) -> int:
 # ---------------------------------------------------------------- store and output
 
 
-def _config_values(pairs: Sequence[str], config_class: type) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as typed keyword arguments of an attrs config class."""
+def _config_values(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
+    """$MQSTORE_CONFIG, then --config: typed keyword arguments of an attrs config class.
+    Keys of the other engine's config are skipped in $MQSTORE_CONFIG, refused in --config."""
     fields = {field.name: field for field in attrs.fields(config_class)}
+    from_env = os.environ.get(CONFIG_ENV, "").replace(",", " ").split()
     values: dict[str, Any] = {}
-    for pair in pairs:
+    for number, pair in enumerate([*from_env, *args.config]):
+        source = f"${CONFIG_ENV} item" if number < len(from_env) else "--config"
         key, separator, raw = pair.partition("=")
         field = fields.get(key.strip())
+        if source != "--config" and separator and field is None:
+            continue
         if not separator or field is None:
-            raise CliError(
-                f"bad --config {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(fields))}"
-            )
+            keys = ", ".join(sorted(fields))
+            raise CliError(f"bad {source} {pair!r}: use KEY=VALUE with KEY one of {keys}")
         default = field.default
+        assert default is not attrs.NOTHING  # every config field has a plain default
         try:
             if isinstance(default, bool):
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                if raw.lower() not in _BOOLEANS:
                     raise ValueError(raw)
-                values[field.name] = raw.lower() in ("true", "1", "yes")
-            elif isinstance(default, int):
-                values[field.name] = int(raw)
-            elif isinstance(default, float):
-                values[field.name] = float(raw)
+                values[field.name] = _BOOLEANS[raw.lower()]
             else:
-                values[field.name] = raw
+                values[field.name] = type(default)(raw)  # int, float or str
         except ValueError:
-            raise CliError(
-                f"bad --config {pair!r}: {raw!r} is not a {type(default).__name__}"
-            ) from None
+            kind = type(default).__name__
+            raise CliError(f"bad {source} {pair!r}: {raw!r} is not a {kind}") from None
     return values
+
+
+_BOOLEANS: Final = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _store_config(args: argparse.Namespace) -> StoreConfig:
     """StoreConfig from --config, with the file layout the store's files already have."""
-    values = _config_values(args.config, StoreConfig)
+    values = _config_values(args, StoreConfig)
     for name, found in cli_verify.disk_layout(args.store).items():
         given = values.setdefault(name, found)
         if given != found:
@@ -362,20 +382,22 @@ def _store_config(args: argparse.Namespace) -> StoreConfig:
 
 @contextlib.contextmanager
 def _open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
-    """The store, opened as the writer or read-only (see the module docstring)."""
-    if args.engine == "segmented":
+    """The store, opened as the writer or read-only (see the module docstring). A
+    command that only reads never creates a store."""
+    marker = "topics" if args.engine == "segmented" else "commitlog"
+    if not write and not os.path.exists(os.path.join(args.store, marker)):
+        raise CliError(
+            f"no store at {args.store} (create one with 'mqstore topics create', or "
+            f"pass --store or ${STORE_ENV})"
+        )
+    if args.engine == "segmented":  # the segmented engine has no read-only mode
         try:
             segmented = importlib.import_module("segmented")
         except ImportError as error:
             raise CliError(f"the segmented engine is not available: {error}") from None
-        config = segmented.SegmentedConfig(**_config_values(args.config, segmented.SegmentedConfig))
+        config = segmented.SegmentedConfig(**_config_values(args, segmented.SegmentedConfig))
         store = segmented.SegmentedStore.open(args.store, config)
     else:
-        if not write and not os.path.isdir(os.path.join(args.store, "commitlog")):
-            raise CliError(
-                f"no store at {args.store} (create one with 'mqstore topics create', or "
-                f"pass --store or ${STORE_ENV})"
-            )
         store = MessageStore.open(args.store, _store_config(args), read_only=not write)
     try:
         yield store
@@ -565,30 +587,6 @@ def _settle(futures: list[Any], summary: dict[int, list[int]]) -> None:
 # ---------------------------------------------------------------- consume
 
 
-def _start_offset(store: Any, args: argparse.Namespace, partition: int, committed: Any) -> int:
-    topic = args.topic
-    if args.from_time is not None:
-        found = store.offset_for_timestamp(topic, partition, args.from_time)
-        return store.latest_offset(topic, partition) if found is None else int(found[0])
-    where = args.start
-    if where is None:
-        entry = committed.get((topic, partition))
-        where = "earliest" if entry is None else str(entry[0])
-    if where == "earliest":
-        return int(store.earliest_offset(topic, partition))
-    if where == "latest":
-        return int(store.latest_offset(topic, partition))
-    try:
-        offset = int(where)
-    except ValueError:
-        raise CliError(f"--from must be earliest, latest or an offset, not {where!r}") from None
-    earliest = store.earliest_offset(topic, partition)
-    latest = store.latest_offset(topic, partition)
-    if not earliest <= offset <= latest:
-        raise CliError(f"--from {offset}: partition {partition} holds [{earliest}, {latest})")
-    return offset
-
-
 def _cmd_consume(args: argparse.Namespace) -> int:
     if args.timeout_ms is not None and not args.follow:
         raise CliError("--timeout-ms needs --follow")
@@ -600,85 +598,13 @@ def _cmd_consume(args: argparse.Namespace) -> int:
                 raise UnknownTopicError(f"topic {args.topic!r} has no partition {args.partition}")
             partitions = [args.partition]
         committed = store.offsets.load(args.group) if args.group else {}
-        positions = {p: _start_offset(store, args, p, committed) for p in partitions}
-        count = _consume_loop(store, args, positions)
+        positions = {p: cli_consume.start_offset(store, args, p, committed) for p in partitions}
+        count = cli_consume.consume(store, args, positions)
         if args.group:
             entries = {(args.topic, p): (offset, "") for p, offset in positions.items()}
             store.offsets.commit(args.group, entries)
     _note(args, f"Processed a total of {count} messages")
     return EXIT_OK
-
-
-def _consume_loop(store: Any, args: argparse.Namespace, positions: dict[int, int]) -> int:
-    """Print records until the end (or forever with --follow); advance ``positions``."""
-    limit = args.max_messages
-    count = 0
-    idle_since = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if args.follow else None
-    try:
-        while limit is None or count < limit:
-            got = 0
-            for partition, offset in positions.items():
-                wanted = (
-                    READ_BATCH_RECORDS if limit is None else min(READ_BATCH_RECORDS, limit - count)
-                )
-                if wanted <= 0:
-                    break
-                for record in store.read_records(args.topic, partition, offset, wanted):
-                    _print_record(args, partition, record)
-                    positions[partition] = record.offset + 1
-                    got += 1
-                    count += 1
-            sys.stdout.flush()
-            if got:
-                idle_since = time.monotonic()
-                continue
-            if not args.follow:
-                break
-            idle_ms = (time.monotonic() - idle_since) * 1000
-            if args.timeout_ms is not None and idle_ms >= args.timeout_ms:
-                break
-            wait_ms = POLL_WAIT_MS
-            if args.timeout_ms is not None:
-                wait_ms = max(1, min(wait_ms, int(args.timeout_ms - idle_ms)))
-            waits = [(args.topic, partition, offset) for partition, offset in positions.items()]
-            store.wait_for_data(waits, wait_ms)
-    except KeyboardInterrupt:
-        if not args.follow:
-            raise  # --follow is stopped this way; anything else was interrupted
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    return count
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def _print_record(args: argparse.Namespace, partition: int, record: Any) -> None:
-    stamp_name = TIMESTAMP_NAMES[record.timestamp_type]
-    if args.json:
-        data = {
-            "partition": partition,
-            "offset": record.offset,
-            "timestamp": record.timestamp_ms,
-            "timestamp_type": stamp_name,
-            "key": record.key,
-            "value": record.value,
-            "headers": [{"key": name, "value": value} for name, value in record.headers],
-        }
-        print(_dumps(cli_dump.to_json(data)))
-        return
-    out = sys.stdout.buffer  # values are bytes: written as they are
-    if args.print_metadata:
-        stamp = f"{stamp_name}:{record.timestamp_ms}"
-        out.write(f"Partition:{partition}\tOffset:{record.offset}\t{stamp}\t".encode())
-    if args.print_key:
-        out.write(b"null" if record.key is None else record.key)
-        out.write(args.key_separator.encode("utf-8"))
-    out.write(b"null" if record.value is None else record.value)
-    out.write(b"\n")
 
 
 # ---------------------------------------------------------------- offsets and keys
@@ -800,7 +726,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         if isinstance(store, MessageStore):
             # Read-only: the store's dispatcher and flush positions are not running;
             # the checkpoint says how far the writer got.
-            for name in ("dispatched_position", "dispatch_lag_bytes", "flushed_position"):
+            for name in (
+                "dispatched_position",
+                "dispatch_lag_bytes",
+                "flushed_position",
+                "recovered_from_crash",
+            ):
                 del stats[name]
             stats.update(cli_verify.file_stats(args.store, store.commitlog.write_position))
     stats["files"], stats["bytes"] = cli_verify.tree_size(args.store)

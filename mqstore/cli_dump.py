@@ -233,16 +233,16 @@ def mapped(path: str) -> Iterator[mmap.mmap | bytes]:
         if os.fstat(handle.fileno()).st_size == 0:
             yield b""
             return
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        yield mapped
+        yield buffer
     finally:
-        close_map(mapped)
+        close_map(buffer)
 
 
-def close_map(mapped: mmap.mmap) -> None:
+def close_map(buffer: mmap.mmap) -> None:
     try:
-        mapped.close()
+        buffer.close()
     except BufferError:  # a record view is still held; the map goes with it
         pass
 
@@ -384,6 +384,7 @@ def walk_commitlog(buffer: Any, path: str, file_start: int) -> Iterator[Step]:
         if record is None:
             yield Step("blank", position, total_size, None, "")
             return
+        assert record.size >= HEADER_SIZE  # decode checked it: the walk always advances
         yield Step("record", position, record.size, record, "")
         position += record.size
     yield Step("end", position, 0, None, "")
@@ -621,6 +622,7 @@ def walk_batches(buffer: Any) -> Iterator[Batch]:
         if size < BATCH_HEADER.size or position + size > limit:
             yield Batch(position, 0, (), f"batch length {length} runs past the end of the file")
             return
+        assert size >= BATCH_HEADER.size  # checked just above: the walk always advances
         header = BATCH_HEADER.unpack_from(buffer, position)
         reason = ""
         if header[3] != BATCH_MAGIC:

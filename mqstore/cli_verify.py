@@ -175,8 +175,8 @@ def _verify_commitlog(
             elif step.kind == "corrupt":
                 report.counts["corrupt_records"] += 1
                 report.add(path, step.position, step.reason)
-            elif step.kind == "end" and step.position < len(buffer):
-                log_end = start + step.position
+            elif step.kind == "end" and step.position < len(buffer) and log_end is None:
+                log_end = start + step.position  # where recovery would end the log
         report.counts["commitlog_files"] += 1
         advance(file_size - reported)
     if log_end is None:
@@ -421,8 +421,8 @@ def file_stats(root: str, log_end: int) -> dict[str, Any]:
 
 
 def disk_layout(root: str) -> dict[str, int]:
-    """The StoreConfig fields fixed by existing files: CommitLog file size and
-    ConsumeQueue units per file."""
+    """The StoreConfig fields fixed by existing files: CommitLog file size,
+    ConsumeQueue units per file, and the newest index file's slots and entries."""
     layout: dict[str, int] = {}
     commitlog = _CommitLogFiles(os.path.join(root, "commitlog"))
     if commitlog.starts:
@@ -431,4 +431,14 @@ def disk_layout(root: str) -> dict[str, int]:
     unit_files = _queue_files(root)
     if unit_files:
         layout["consumequeue_units_per_file"] = os.path.getsize(unit_files[0][2]) // UNIT_SIZE_BYTES
+    index_dir = os.path.join(root, "index")
+    names = os.listdir(index_dir) if os.path.isdir(index_dir) else []
+    newest = max((name for name in names if ix.parse_file_name(name) is not None), default=None)
+    if newest is not None:  # new index files continue the newest one's layout
+        header = next(dump_index(os.path.join(index_dir, newest), print_data=False))
+        size_bytes = os.path.getsize(os.path.join(index_dir, newest))
+        entry_count = ix.entry_count_for_size(max(header.get("slot_count", 0), 1), size_bytes)
+        if "corrupt" not in header and entry_count is not None:
+            layout["index_slot_count"] = header["slot_count"]
+            layout["index_entry_count"] = entry_count
     return layout

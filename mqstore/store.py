@@ -156,7 +156,10 @@ class MessageStore(CommitLogEngine):
         queues_dir = os.path.join(root, "consumequeue")
         index_dir = os.path.join(root, "index")
         # Derived files deleted by hand (or lost) are rebuilt from the whole CommitLog.
-        self._rebuild_derived = checkpoint is not None and (
+        self._rebuild_derived = (
+            checkpoint is not None
+            and checkpoint.dispatched_position > 0  # records were dispatched before
+        ) and (
             not os.path.isdir(index_dir)
             or not os.path.isdir(queues_dir)
             or not os.listdir(queues_dir)
