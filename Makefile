@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit soak clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ unit: $(STAMP)
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
+
+# 500 SIGKILL/restart iterations and a 10-minute soak; prints the figures.
+soak: $(STAMP)
+	$(PY) -m bench.crash_harness --iterations 500 --json bench/results/crash_harness.json
+	$(PY) -m bench.soak --minutes 10 --json bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any, Final, TypeVar
 
 import xxhash
@@ -204,8 +204,12 @@ def encode_properties(properties: Any) -> bytes:
     Keys are str; values are str (stored as UTF-8) or bytes-like. Order and repeated
     keys are kept, as Kafka headers need.
     """
-    if not properties:
+    if properties is None or (isinstance(properties, Sized) and not len(properties)):
         return b""
+    if isinstance(properties, str | bytes) or not isinstance(properties, Iterable):
+        raise InvalidTypeError(
+            f"properties must be a mapping or (key, value) pairs, not {type(properties).__name__}"
+        )
     items = properties.items() if isinstance(properties, Mapping) else properties
     out = bytearray()
     for item in items:

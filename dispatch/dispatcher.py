@@ -305,7 +305,14 @@ class Dispatcher:
             store_ts_ms = item[6] if type(item) is not BatchFeed else item.store_ts_ms
             position = item_end
             work.popleft()
-        self._write_groups(groups, keyed)
+        try:
+            self._write_groups(groups, keyed)
+        except BaseException:
+            # The items taken above were not all written (a full disk...): read them
+            # again from the log next round; ConsumeQueue and index writes are idempotent.
+            work.clear()
+            work.append(_ReadLog(self._position, self._work_end))
+            raise
         assert position >= self._position
         self._position = position
         if store_ts_ms:

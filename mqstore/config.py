@@ -45,9 +45,18 @@ def _ratio() -> _Validator:
 _BOOL = _as_config_error(v.instance_of(bool))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class StoreConfig:
-    """Every setting of a store, with RocketMQ's defaults; units are in the names."""
+    """Every setting of a store, with RocketMQ's defaults; units are in the names.
+
+    Unknown settings raise ConfigError (attrs alone would raise a bare TypeError).
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        unknown = sorted(set(settings) - _FIELD_NAMES)
+        if unknown:
+            raise ConfigError(f"unknown StoreConfig settings: {', '.join(unknown)}")
+        self.__attrs_init__(**settings)
 
     # CommitLog
     commitlog_file_size_bytes: int = attrs.field(default=GIB, validator=_int(64 * 1024, 2 * GIB))
@@ -108,3 +117,6 @@ class StoreConfig:
             mlock=self.mlock,
             verify_checksum_on_read=self.verify_checksum_on_read,
         )
+
+
+_FIELD_NAMES = frozenset(field.name for field in attrs.fields(StoreConfig))

@@ -777,7 +777,14 @@ class KafkaConsumer:
         entries = {}
         for tp, value in offsets.items():
             tp = TopicPartition(*tp)
-            offset, metadata = (value, "") if isinstance(value, int) else (value[0], value[1] or "")
+            if isinstance(value, int) and not isinstance(value, bool):
+                offset, metadata = value, ""
+            elif isinstance(value, tuple) and len(value) >= 2:
+                offset, metadata = value[0], value[1] or ""
+            else:
+                raise InvalidTypeError(
+                    f"commit offsets are ints or OffsetAndMetadata, not {type(value).__name__}"
+                )
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise InvalidArgumentError(f"cannot commit offset {offset!r} for {tp}")
             self._check_partition(tp)

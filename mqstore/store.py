@@ -43,8 +43,10 @@ from commitlog.errors import (
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
     StoreClosedError,
+    StoreError,
 )
 from commitlog.lock import StoreLock, clear_abort, mark_abort
+from commitlog.mapped_file import MappedFile
 from commitlog.record import decode_run, validate_topic
 from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from dispatch.dispatcher import Dispatcher
@@ -484,10 +486,18 @@ class MessageStore(CommitLogEngine):
         dispatched: a reader sees every put that returned before its call."""
         validate_topic(topic)
         _check_queue_id(queue_id)
+        self._catch_up()
+        return self.consume_queues.queue(topic, queue_id)
+
+    def _catch_up(self) -> None:
+        """Dispatch what is readable before a read; on failure (a full disk...) the
+        dispatcher thread retries, and the read sees what is dispatched."""
         dispatcher = self._dispatcher
         if dispatcher is not None and dispatcher.position < dispatcher.readable_end():
-            dispatcher.dispatch_available()
-        return self.consume_queues.queue(topic, queue_id)
+            try:
+                dispatcher.dispatch_available()
+            except StoreError as error:
+                log.warning("dispatch before a read failed (retried later): %s", error)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The first queue offset still stored (Kafka's log start offset)."""
@@ -522,7 +532,9 @@ class MessageStore(CommitLogEngine):
             sizes = units["size"].tolist()
             start = 0
             while start < len(physicals):  # one run per CommitLog file the units touch
-                mapped = self.commitlog.file_for(physicals[start])
+                mapped = self._file_of_unit(
+                    queue, topic, queue_id, offset + start, physicals[start]
+                )
                 file_end = mapped.start_offset + mapped.size_bytes
                 stop = start + 1
                 while stop < len(physicals) and physicals[stop] < file_end:
@@ -544,13 +556,64 @@ class MessageStore(CommitLogEngine):
             offset += len(units)
         return messages
 
+    def _file_of_unit(
+        self, queue: Any, topic: str, queue_id: int, queue_offset: int, physical: int
+    ) -> MappedFile:
+        """The CommitLog file a unit points into. A unit below the log start means
+        retention (OffsetOutOfRangeError); anywhere else outside the log, the unit
+        itself is corrupt."""
+        try:
+            return self.commitlog.file_for(physical)
+        except OffsetOutOfRangeError:
+            if physical < self.commitlog.min_position:
+                raise
+            raise CorruptDataError(
+                queue.directory,
+                queue_offset * 20,
+                f"unit of {topic}/{queue_id}@{queue_offset} points at {physical}, "
+                "outside the CommitLog",
+            ) from None
+
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
         """The first queue offset whose timestamp is >= ``timestamp_ms`` (the topic's
         CreateTime or LogAppendTime), or None when there is none."""
         self._check_open()
         _check_offset(timestamp_ms, "timestamp_ms")
-        offset = self._queue(topic, queue_id).offset_for_time(timestamp_ms)
-        return None if offset is None else int(offset)
+        queue = self._queue(topic, queue_id)
+        offset = queue.offset_for_time(timestamp_ms)
+        offset = None if offset is None else int(offset)
+        self._check_time_answer(queue, topic, queue_id, timestamp_ms, offset)
+        return offset
+
+    def _check_time_answer(
+        self, queue: Any, topic: str, queue_id: int, timestamp_ms: int, offset: int | None
+    ) -> None:
+        """Spot-check a time look-up against the CommitLog records it rests on.
+
+        The per-unit timestamps carry no checksum of their own: the unit found (or the
+        last unit, when none was) and the one before it must hold the timestamps their
+        verified records carry, else the answer could be wrong and CorruptDataError is
+        raised instead. Two record reads; the search itself never reads the log.
+        """
+        low, high = queue.min_offset, queue.max_offset
+        if low >= high:
+            return
+        probe = high - 1 if offset is None else offset
+        start = max(low, probe - 1)
+        messages = self.get(topic, queue_id, start, probe - start + 1)
+        stamps = queue.timestamps(start, len(messages))
+        create_time = self._uses_create_time(topic)
+        for message, stamp in zip(messages, stamps.tolist(), strict=True):
+            actual = message.born_timestamp_ms if create_time else message.store_timestamp_ms
+            if actual != stamp:
+                raise CorruptDataError(
+                    queue.directory,
+                    message.queue_offset * 8,
+                    f"time companion of {topic}/{queue_id}@{message.queue_offset} says "
+                    f"{stamp} ms, the record says {actual} ms",
+                )
+        if offset is None and messages and stamps[-1] >= timestamp_ms:
+            raise CorruptDataError(queue.directory, probe * 8, "time index missed a match")
 
     def query_by_key(
         self,
@@ -570,9 +633,7 @@ class MessageStore(CommitLogEngine):
         _check_offset(begin_timestamp_ms, "begin_timestamp_ms")
         _check_offset(end_timestamp_ms, "end_timestamp_ms")
         _check_count("max_results", max_results, QUERY_RESULTS_MAX)
-        dispatcher = self._dispatcher
-        if dispatcher is not None and dispatcher.position < dispatcher.readable_end():
-            dispatcher.dispatch_available()
+        self._catch_up()
         found: dict[int, Message] = {}
 
         def verify(physical: int) -> bool:
