@@ -4,14 +4,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit soak clean
+.PHONY: demo test lint typecheck unit soak pipeline bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# The tests include the Spark data source, so the dev install takes the spark extra too.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,5 +35,12 @@ soak: $(STAMP)
 	$(PY) -m bench.crash_harness --iterations 500 --json bench/results/crash_harness.json
 	$(PY) -m bench.soak --minutes 10 --json bench/results/soak.json
 
+# Events from a service -> Spark structured streaming (windowed counts) -> a topic -> a consumer.
+pipeline: $(STAMP)
+	$(PY) -m examples.pipeline --path ./pipeline-data
+
+bench-spark: $(STAMP)
+	$(PY) -m bench.spark
+
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-data pipeline-data .pytest_cache .mypy_cache .ruff_cache

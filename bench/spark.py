@@ -1,0 +1,100 @@
+"""Spark throughput of the mqstore data source on local[2]: read and write rows/s
+for 100-byte values. Prints and saves its figures (bench/results/spark.json).
+
+    .venv/bin/python -m bench.spark [--rows 4000000] [--partitions 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+VALUE_BYTES = 100
+
+
+def _session():  # type: ignore[no-untyped-def]
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import mqstore.spark
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    mqstore.spark.register(spark)
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--min-partitions", type=int, default=8)
+    args = parser.parse_args()
+    from mqstore import MessageStore, StoreConfig
+
+    root = tempfile.mkdtemp(prefix="mqstore-spark-bench-")
+    path = os.path.join(root, "store")
+    config = StoreConfig(prewarm=False, commitlog_file_size_bytes=256 << 20)
+    with MessageStore.open(path, config) as store:
+        store.create_topic("bench", args.partitions)
+        store.create_topic("sink", args.partitions)
+        per = args.rows // args.partitions
+        body = b"x" * VALUE_BYTES
+        for p in range(args.partitions):
+            for first in range(0, per, 65_536):
+                store.put_batch("bench", p, [body] * min(65_536, per - first))
+    spark = _session()
+    results = {}
+    try:
+        for verify in ("true", "false"):
+            df = (
+                spark.read.format("mqstore").option("path", path).option("subscribe", "bench")
+                .option("minPartitions", str(args.min_partitions))
+                .option("verifyChecksums", verify).load()
+            )  # fmt: skip
+            df.count()  # warm the workers
+            started = time.perf_counter()
+            count = df.count()
+            seconds = time.perf_counter() - started
+            assert count == per * args.partitions
+            results[f"read_rows_per_s_verify_{verify}"] = count / seconds
+        write_rows = min(args.rows, 2_000_000)
+        frame = spark.range(write_rows, numPartitions=2).selectExpr(
+            f"cast(repeat('y', {VALUE_BYTES}) as binary) as value"
+        )
+        started = time.perf_counter()
+        frame.write.format("mqstore").option("path", path).option("topic", "sink").mode(
+            "append"
+        ).save()
+        seconds = time.perf_counter() - started
+        results["write_rows_per_s"] = write_rows / seconds
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    results.update(rows=args.rows, value_bytes=VALUE_BYTES, master="local[2]")
+    for name, value in results.items():
+        print(f"{name:32s} {value:,.0f}" if isinstance(value, float) else f"{name:32s} {value}")
+    os.makedirs("bench/results", exist_ok=True)
+    with open("bench/results/spark.json", "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Opening the store from Spark processes: read-only for readers, as THE writer
+for sinks, with the file layout the store's files already have.
+
+A store directory fixes its CommitLog file size and ConsumeQueue units per file
+when it is created; ``layout_config`` reads them back so that Spark users give
+only the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Final
+
+from commitlog.errors import InvalidArgumentError, StoreLockedError
+from mqstore.cli_verify import disk_layout
+from mqstore.config import StoreConfig
+from mqstore.store import MessageStore
+from mqstore.topics import TopicConfig
+
+__all__ = ["ReaderView", "layout_config", "open_reader", "open_writer"]
+
+LOCK_POLL_MIN_S: Final = 0.01  # first wait for the writer lock; doubles up to the max
+LOCK_POLL_MAX_S: Final = 0.5
+
+
+def layout_config(path: str) -> StoreConfig:
+    """A StoreConfig matching the store's existing files (no prewarm: Spark tasks are
+    short-lived and must not pre-fault a 1 GiB file)."""
+    layout: dict[str, Any] = dict(disk_layout(path))
+    return StoreConfig(prewarm=False, **layout)
+
+
+class ReaderView:
+    """A read-only store as planning sees it (``offsets.StoreState``).
+
+    ``earliest_offset`` is the first offset whose record is still in the CommitLog:
+    a read-only ConsumeQueue's minimum can lag the writer's retention, so it is
+    moved past units that point below the CommitLog's first file (binary search).
+    """
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+
+    def list_topics(self) -> dict[str, TopicConfig]:
+        return self.store.list_topics()
+
+    def describe_topic(self, name: str) -> TopicConfig:
+        return self.store.describe_topic(name)
+
+    def latest_offset(self, topic: str, partition: int) -> int:
+        return self.store.latest_offset(topic, partition)
+
+    def earliest_offset(self, topic: str, partition: int) -> int:
+        store = self.store
+        low = store.earliest_offset(topic, partition)
+        high = store.latest_offset(topic, partition)
+        queue = store.consume_queues.queue(topic, partition)
+        floor = store.commitlog.min_position
+        while low < high:  # first offset whose unit points at or past ``floor``
+            middle = (low + high) // 2
+            if int(queue.get(middle)["commitlog_offset"]) < floor:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def offset_for_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int
+    ) -> tuple[int, int] | None:
+        earliest = self.earliest_offset(topic, partition)
+        found = self.store.offset_for_time(topic, partition, timestamp_ms)
+        if found is None:
+            return None
+        return max(found, earliest), timestamp_ms
+
+
+@contextlib.contextmanager
+def open_reader(path: str) -> Iterator[ReaderView]:
+    """Open read-only (no lock, works while a writer process runs); close on exit."""
+    if not os.path.isdir(path):
+        raise InvalidArgumentError(f"option path: no store at {path!r}")
+    store = MessageStore.open(path, layout_config(path), read_only=True)
+    try:
+        yield ReaderView(store)
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def open_writer(path: str, lock_timeout_ms: int) -> Iterator[MessageStore]:
+    """Open as the store's one writer, waiting up to ``lock_timeout_ms`` for the lock
+    (the tasks of one write job take turns); close (flush, checkpoint) on exit.
+
+    Raises:
+        StoreLockedError: another process (a service, another task) holds the store
+            open for writing; the message says what to do.
+    """
+    deadline = time.monotonic() + lock_timeout_ms / 1000
+    delay_s = LOCK_POLL_MIN_S
+    while True:
+        try:
+            store = MessageStore.open(path, layout_config(path))
+            break
+        except StoreLockedError as error:
+            if time.monotonic() + delay_s < deadline:
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, LOCK_POLL_MAX_S)
+                continue
+            raise StoreLockedError(
+                f"the Spark mqstore sink must be the store's only writer, but {path!r} is "
+                f"open for writing by another process ({error}). Stop that writer, or let "
+                "it consume the DataFrame (collect and produce), or write to another store."
+            ) from error
+    try:
+        yield store
+    finally:
+        store.close()
