@@ -743,6 +743,11 @@ class CommitLog:
             position += record.size
             yield record
 
+    def refresh_files(self) -> None:
+        """Read-only logs: map files a writer added, forget files retention removed."""
+        if self.read_only:
+            self._files.refresh()
+
     def file_for(self, position: int) -> MappedFile:
         """The mapped file holding physical ``position`` (O(1)).
 

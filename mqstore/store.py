@@ -66,6 +66,7 @@ GET_MESSAGES_MAX = 10_000  # one get() returns at most this many messages
 QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
 QUEUE_ID_MAX = 2**31 - 1
 READ_ONLY_POLL_S = 0.001
+READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed files
 # Dispatch shares the GIL with producers; past this backlog a put dispatches what is
 # waiting before it returns, so a producer at full speed cannot outrun the
 # ConsumeQueues and readers never fall far behind (caller-runs backpressure).
@@ -502,7 +503,16 @@ class MessageStore(CommitLogEngine):
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The first queue offset still stored (Kafka's log start offset)."""
         self._check_open()
-        return int(self._queue(topic, queue_id).min_offset)
+        queue = self._queue(topic, queue_id)
+        if self.read_only:  # follow the writer's retention: its files may be gone
+            self.commitlog.refresh_files()
+            for _ in range(READ_ONLY_RELOADS_MAX):
+                try:
+                    queue.correct_min_offset(self.commitlog.min_position)
+                    break
+                except OffsetOutOfRangeError:  # a file went away: the queue reloaded
+                    continue
+        return int(queue.min_offset)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset to be written (Kafka's log end offset)."""

@@ -37,7 +37,7 @@ from pyspark.sql.types import StructType
 
 from mqstore.spark import offsets as plan
 from mqstore.spark.batches import arrow_schema, read_range
-from mqstore.spark.store_access import open_reader
+from mqstore.spark.store_access import cached_reader, open_reader
 
 __all__ = ["MQStoreDataSource", "OffsetRangePartition"]
 
@@ -112,16 +112,16 @@ class _Reading:
             return
         options = self.options
         schema = arrow_schema(options.include_headers, options.include_rocketmq_columns)
-        with open_reader(options.path) as view:
-            yield from read_range(
-                view.store,
-                partition.offset_range,
-                schema,
-                log_append_time=partition.log_append_time,
-                verify_checksums=options.verify_checksums,
-                fail_on_data_loss=options.fail_on_data_loss,
-                max_bytes_per_batch=options.max_bytes_per_batch,
-            )
+        view = cached_reader(options.path)  # executors keep their read-only store open
+        yield from read_range(
+            view.store,
+            partition.offset_range,
+            schema,
+            log_append_time=partition.log_append_time,
+            verify_checksums=options.verify_checksums,
+            fail_on_data_loss=options.fail_on_data_loss,
+            max_bytes_per_batch=options.max_bytes_per_batch,
+        )
 
 
 class BatchReader(_Reading, DataSourceReader):

@@ -190,3 +190,24 @@ def test_topic_retention_by_bytes(store, world):
     assert 1 <= len(kept) <= 5
     assert sum(m.size for m in kept) <= 500
     assert bytes(kept[-1].body).startswith(b"019")
+
+
+def test_read_only_store_follows_the_writers_retention(tmp_path, world):
+    config = StoreConfig(
+        **{**SMALL, "commitlog_file_size_bytes": 64 * 1024, "retention_hours": 1.0}
+    )
+    path = tmp_path / "s"
+    writer = MessageStore.open(path, config, clock_ms=world.clock, disk_usage_percent=world.disk)
+    try:
+        _fill(writer, world, 1000)
+        world.now_ms += 2 * HOUR_MS
+        _fill(writer, world, 10)
+        with MessageStore.open(path, config, read_only=True) as reader:
+            assert reader.min_offset("t", 0) == 0
+            writer.run_retention()
+            start = writer.min_offset("t", 0)
+            assert start > 0
+            assert reader.min_offset("t", 0) == start
+            assert reader.get("t", 0, start, 1)[0].queue_offset == start
+    finally:
+        writer.close()
