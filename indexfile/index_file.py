@@ -137,7 +137,8 @@ class IndexFile:
 
     @classmethod
     def create(cls, directory: str, name: str, slot_count: int, entry_count: int) -> IndexFile:
-        """Create a new, empty file (sparse: ftruncate, never pre-zeroed) and map it.
+        """Create a new, empty file (allocated with posix_fallocate, never pre-zeroed
+        with write()) and map it.
 
         The file is built under a temporary name and renamed into place once its
         prefix and header are durable, so no reader or restart ever sees a file
@@ -154,7 +155,16 @@ class IndexFile:
         tmp_path = path + TEMP_SUFFIX
         fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.ftruncate(fd, size_bytes)
+            # Reserve every block now: a sparse file filled later through the mapping
+            # would raise SIGBUS on a full disk (the free-space check above can race).
+            try:
+                os.posix_fallocate(fd, 0, size_bytes)
+            except OSError as error:
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise DiskFullError(
+                    errno.ENOSPC, f"no room for {size_bytes} bytes of {path}"
+                ) from error
             head = bytearray(FILE_HEADER_SIZE)
             PREFIX.pack_into(head, 0, INDEX_MAGIC, FORMAT_VERSION)
             _empty_header(slot_count).pack_into(head, HEADER_POSITION)
