@@ -506,13 +506,10 @@ class ConsumeQueue:
         else:
             units = self._files.units(file_index, for_write=True)
             times = self._files.times(file_index, for_write=True)
-            times.times[unit_in_file] = timestamp_ms
-            block = unit_in_file // self._ctx.config.time_index_interval_units
-            if times.block_max[block] < timestamp_ms:
-                times.block_max[block] = timestamp_ms
-            units.commitlog_offsets[unit_in_file] = commitlog_offset
-            units.tag_hashes[unit_in_file] = tag_hash
-            units.sizes[unit_in_file] = size  # last: makes the unit visible
+            units.ensure_allocated(unit_in_file + 1)
+            times.ensure_allocated(unit_in_file + 1)
+            times.write_one(unit_in_file, timestamp_ms)
+            units.write_one(unit_in_file, commitlog_offset, size, tag_hash)  # size last
         self._max_offset = offset + 1
         self._last_commitlog_offset = commitlog_offset
 
@@ -528,6 +525,8 @@ class ConsumeQueue:
             else:
                 units = self._files.units(file_index, for_write=True)
                 times = self._files.times(file_index, for_write=True)
+                units.ensure_allocated(end)
+                times.ensure_allocated(end)
                 times.times[unit_in_file:end] = batch.timestamps_ms[chunk]
                 times.raise_block_maxima(unit_in_file, end)
                 units.commitlog_offsets[unit_in_file:end] = batch.commitlog_offsets[chunk]

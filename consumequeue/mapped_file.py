@@ -26,7 +26,8 @@ import ctypes.util
 import errno
 import mmap
 import os
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
@@ -73,15 +74,43 @@ class MappedUnitFile:
         dirty: written through since the last flush (set by the writer before writing).
     """
 
-    __slots__ = ("commitlog_offsets", "dirty", "path", "sizes", "tag_hashes", "units")
+    __slots__ = (
+        "_mapping",
+        "allocated_bytes",
+        "commitlog_offsets",
+        "dirty",
+        "path",
+        "sizes",
+        "tag_hashes",
+        "units",
+    )
 
     def __init__(self, path: str, mapping: mmap.mmap) -> None:
         self.path = path
+        self.allocated_bytes = 0  # blocks known reserved from byte 0 (see ensure_allocated)
+        self._mapping = mapping
         self.units = np.frombuffer(mapping, dtype=UNIT)
         self.commitlog_offsets = self.units["commitlog_offset"]
         self.sizes = self.units["size"]
         self.tag_hashes = self.units["tag_hash"]
         self.dirty = False
+
+    def write_one(self, index: int, commitlog_offset: int, size: int, tag_hash: int) -> None:
+        """Write unit ``index`` with struct on the mapping (a numpy item assignment per
+        field costs several times more on the one-unit path); size last: it makes the
+        unit visible."""
+        mapping = self._mapping
+        position = index * UNIT.itemsize
+        _INT64.pack_into(mapping, position + _COMMITLOG_OFFSET_AT, commitlog_offset)
+        _INT64.pack_into(mapping, position + _TAG_HASH_AT, tag_hash)
+        _INT32.pack_into(mapping, position + _SIZE_AT, size)
+
+    def ensure_allocated(self, end_unit: int) -> None:
+        """Reserve disk blocks for units ``[0, end_unit)`` before writing them through
+        the mapping (a write to an unreserved page of a full disk raises SIGBUS)."""
+        self.allocated_bytes = reserve(
+            self.path, self.allocated_bytes, end_unit * UNIT.itemsize, self.units.nbytes
+        )
 
     @classmethod
     def open(cls, path: str, units_per_file: int, read_only: bool) -> MappedUnitFile:
@@ -162,11 +191,24 @@ class MappedTimeFile:
         dirty: written through since the last flush.
     """
 
-    __slots__ = ("block_max", "dirty", "first_unit_in_file", "interval_units", "path", "times")
+    __slots__ = (
+        "_block_max_position",
+        "_mapping",
+        "allocated_bytes",
+        "block_max",
+        "dirty",
+        "first_unit_in_file",
+        "interval_units",
+        "path",
+        "times",
+    )
 
     def __init__(self, path: str, mapping: mmap.mmap, units_per_file: int, interval: int) -> None:
         self.path = path
+        self.allocated_bytes = 0  # blocks known reserved from byte 0 (see ensure_allocated)
         self.interval_units = interval
+        self._mapping = mapping
+        self._block_max_position = block_max_position_bytes(units_per_file)
         header = np.frombuffer(mapping, dtype=TIME_HEADER, count=1)
         self.first_unit_in_file = check_time_header(path, header, units_per_file, interval)
         self.times = np.frombuffer(
@@ -213,8 +255,37 @@ class MappedTimeFile:
                 maxima.astype(TIMESTAMP).tobytes(),
             ),
         ]
+        block_region = (
+            block_max_position_bytes(units_per_file),
+            time_file_size_bytes(units_per_file, interval)
+            - block_max_position_bytes(units_per_file),
+        )
         # In place: nobody opens a time file before its unit file exists.
-        create_file(path, time_file_size_bytes(units_per_file, interval), writes, in_place=True)
+        create_file(
+            path,
+            time_file_size_bytes(units_per_file, interval),
+            writes,
+            in_place=True,
+            reserved=[block_region],
+        )
+
+    def write_one(self, index: int, timestamp_ms: int) -> None:
+        """Write unit ``index``'s timestamp and raise its block maximum (struct, as
+        MappedUnitFile.write_one)."""
+        mapping = self._mapping
+        _INT64.pack_into(mapping, times_position_bytes() + index * TIMESTAMP.itemsize, timestamp_ms)
+        block_position = self._block_max_position + (index // self.interval_units) * 8
+        (current,) = _INT64.unpack_from(mapping, block_position)
+        if current < timestamp_ms:
+            _INT64.pack_into(mapping, block_position, timestamp_ms)
+
+    def ensure_allocated(self, end_unit: int) -> None:
+        """Reserve disk blocks for the timestamps of units ``[0, end_unit)`` before
+        writing them through the mapping (the header and block maxima are reserved
+        when the file is created)."""
+        end = times_position_bytes() + end_unit * TIMESTAMP.itemsize
+        limit = times_position_bytes() + self.times.nbytes
+        self.allocated_bytes = reserve(self.path, self.allocated_bytes, end, limit)
 
     def raise_block_maxima(self, start: int, end: int) -> None:
         """Raise the maxima of the blocks of units ``[start, end)`` to cover their
@@ -275,7 +346,12 @@ def block_maxima(start: int, timestamps_ms: np.ndarray, interval: int) -> tuple[
 
 
 def create_file(
-    path: str, size_bytes: int, writes: list[tuple[int, bytes]], *, in_place: bool = False
+    path: str,
+    size_bytes: int,
+    writes: list[tuple[int, bytes]],
+    *,
+    in_place: bool = False,
+    reserved: Sequence[tuple[int, int]] = (),
 ) -> None:
     """Build ``path`` at ``size_bytes`` with ``writes`` (position, bytes) done by pwrite.
 
@@ -303,7 +379,11 @@ def create_file(
     except OSError as error:
         raise _wrap_os_error(error, f"create {build_path}") from error
     try:
-        os.posix_fallocate(fd, 0, size_bytes)
+        # Sparse: a queue's blocks are reserved as it grows (ensure_allocated), so an
+        # idle queue costs a page, not units_per_file * 20 bytes (6 MB by default).
+        os.ftruncate(fd, size_bytes)
+        for position, length in reserved:
+            os.posix_fallocate(fd, position, length)
         for position, data in _merge_writes(writes):
             written = os.pwrite(fd, data, position)
             assert written == len(data)
@@ -314,6 +394,40 @@ def create_file(
         raise _wrap_os_error(error, f"allocate {size_bytes} bytes for {path}") from error
     finally:
         os.close(fd)
+
+
+_INT64: Final = struct.Struct("<q")
+_INT32: Final = struct.Struct("<i")
+assert UNIT.fields is not None
+_COMMITLOG_OFFSET_AT: Final = UNIT.fields["commitlog_offset"][1]  # byte positions in a unit
+_SIZE_AT: Final = UNIT.fields["size"][1]
+_TAG_HASH_AT: Final = UNIT.fields["tag_hash"][1]
+assert (_COMMITLOG_OFFSET_AT, _SIZE_AT, _TAG_HASH_AT) == (0, 8, 12)
+RESERVE_CHUNK_BYTES: Final = 16 * 1024  # blocks reserved ahead of a growing queue
+
+
+def reserve(path: str, reserved_bytes: int, needed_bytes: int, limit_bytes: int) -> int:
+    """Reserve blocks of ``path`` up to ``needed_bytes`` (rounded up to a chunk, at most
+    ``limit_bytes``) with posix_fallocate, so writes through a mapping never fault on
+    a full disk; returns the new reserved end. A no-op when already reserved.
+
+    Raises:
+        DiskFullError: no room (nothing was written).
+    """
+    if needed_bytes <= reserved_bytes:
+        return reserved_bytes
+    end = min(limit_bytes, -(-needed_bytes // RESERVE_CHUNK_BYTES) * RESERVE_CHUNK_BYTES)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as error:
+        raise _wrap_os_error(error, f"open {path}") from error
+    try:
+        os.posix_fallocate(fd, reserved_bytes, end - reserved_bytes)
+    except OSError as error:
+        raise _wrap_os_error(error, f"reserve {end - reserved_bytes} bytes of {path}") from error
+    finally:
+        os.close(fd)
+    return end
 
 
 def _merge_writes(writes: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:

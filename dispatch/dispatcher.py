@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _SIZE_MAGIC: Final = struct.Struct("<II")  # the first two fields of every record
 ROUND_BYTES_MAX: Final = 8 << 20  # one round's parse; bounds reader latency per round
+SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue gets put() per unit, not put_batch
 ERROR_BACKOFF_S: Final = 0.05  # a failing round is retried after this pause
 _TAG_CACHE_MAX: Final = 4096  # distinct tags whose hashes are remembered
 
@@ -55,6 +56,10 @@ _TAG_CACHE_MAX: Final = 4096  # distinct tags whose hashes are remembered
 class ConsumeQueueLike(Protocol):
     @property
     def max_offset(self) -> int: ...
+
+    def put(
+        self, queue_offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
+    ) -> None: ...
 
     def put_batch(
         self,
@@ -366,10 +371,16 @@ class Dispatcher:
     def _write_groups(self, groups: dict[tuple[str, int], _Group],
                       keyed: list[tuple[str, list[str], int, int]]) -> None:  # fmt: skip
         for (topic, queue_id), group in groups.items():
+            queue = self._queues.queue(topic, queue_id)
+            if not group.chunks and len(group.offsets) <= SMALL_GROUP_UNITS:
+                # Many queues, few units each: numpy's per-call cost would dominate.
+                queue_offset = group.first_queue_offset
+                for unit in zip(group.offsets, group.sizes, group.tags, group.times, strict=True):
+                    queue.put(queue_offset, *unit)
+                    queue_offset += 1
+                continue
             offsets, sizes, tags, times = group.columns()
-            self._queues.queue(topic, queue_id).put_batch(
-                group.first_queue_offset, offsets, sizes, tags, times
-            )
+            queue.put_batch(group.first_queue_offset, offsets, sizes, tags, times)
         if keyed:
             topics, keys, offsets_, stamps = zip(*keyed, strict=True)
             self._index.put_batch(topics, keys, offsets_, stamps)

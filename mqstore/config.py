@@ -73,7 +73,8 @@ class StoreConfig:
     verify_checksum_on_read: bool = attrs.field(default=True, validator=_BOOL)
     # ConsumeQueue
     consumequeue_units_per_file: int = attrs.field(default=300_000, validator=_int(4, 50_000_000))
-    consumequeue_max_open_files: int = attrs.field(default=4096, validator=_int(8, 16_384))
+    # Two mapped files (units, times) per hot queue; this machine allows 20,000 open files.
+    consumequeue_max_open_files: int = attrs.field(default=12_000, validator=_int(8, 16_384))
     # IndexFile
     index_slot_count: int = attrs.field(default=5_000_000, validator=_int(1, 1 << 28))
     index_entry_count: int = attrs.field(default=20_000_000, validator=_int(4, 1 << 28))
