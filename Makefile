@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck unit soak pipeline bench-spark clean
+.PHONY: demo test lint typecheck unit soak pipeline bench bench-full bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,17 @@ soak: $(STAMP)
 # Events from a service -> Spark structured streaming (windowed counts) -> a topic -> a consumer.
 pipeline: $(STAMP)
 	$(PY) -m examples.pipeline --path ./pipeline-data
+
+$(BENCH_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev,spark,bench]'
+	touch $(BENCH_STAMP)
+
+# Design comparison and peers: rewrites bench/results/compare.json, bench/REPORT.md, bench/plots/.
+bench: $(BENCH_STAMP)
+	$(PY) -m bench.compare --quick
+
+bench-full: $(BENCH_STAMP)
+	$(PY) -m bench.compare --full
 
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
