@@ -315,6 +315,8 @@ class LogSegment:
                     self.log_path, position + error.position, error.reason
                 ) from None
             records += got
+            if got:  # the next chunk continues after what this one returned
+                offset = got[-1].offset + 1
             decoded_bytes += decoded
             position += advance
             if not needed:

@@ -464,3 +464,20 @@ def test_fd_cost_per_partition_is_three_and_old_indexes_map_lazily(open_store):
     store.read_records("t", 0, 7, 1)  # a look-up in the first segment maps its .index
     assert store.stats()["mapped_inactive_indexes"] == 1
     assert stats["partitions"] == 51 and stats["segments"] == 50 + segments
+
+
+def test_a_read_spanning_several_chunks_of_single_record_batches(tmp_path):
+    """Regression: a read crossing the first pread chunk kept asking the next chunk
+    for the first wanted offset and reported a sound log as corrupt."""
+    from mqstore.engine import ProducerRecord
+    from segmented import SegmentedConfig, SegmentedStore
+
+    with SegmentedStore.open(tmp_path / "s", SegmentedConfig(segment_bytes=64 << 20)) as store:
+        store.create_topic("t", 1)
+        for i in range(3000):
+            store.append_records("t", 0, [ProducerRecord(None, b"%04d" % i + b"." * 96, [], None)])
+        records = store.read_records("t", 0, 0, 500)
+        assert [r.offset for r in records] == list(range(500))
+        assert records[-1].value.startswith(b"0499")
+        middle = store.read_records("t", 0, 1234, 700)
+        assert [r.offset for r in middle] == list(range(1234, 1934))
