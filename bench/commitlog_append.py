@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import summarize
 from commitlog.commitlog import CommitLog
 from commitlog.config import CommitLogConfig
 
@@ -124,13 +125,7 @@ def roll_latency(
 
 
 def measure(repeats: int, samples: Callable[[], dict[str, float]]) -> dict[str, Any]:
-    runs = [samples() for _ in range(repeats)]
-    out: dict[str, Any] = {}
-    for key in runs[0]:
-        values = [run[key] for run in runs]
-        out[key] = statistics.median(values)
-        out[key + "_range"] = [min(values), max(values)]
-    return out
+    return summarize([samples() for _ in range(repeats)])
 
 
 def main(argv: list[str] | None = None) -> int:

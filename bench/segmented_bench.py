@@ -25,12 +25,12 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
+from bench.common import summarize
 from mqstore.engine import ProducerRecord
 from segmented import SegmentedConfig, SegmentedStore
 
@@ -89,15 +89,6 @@ def run_case(root: str, partitions: int, per_call: int, count: int) -> dict[str,
         "log_bytes_per_record": stats["bytes"] / read_count,
         "open_fds": stats["open_fds"],
     }
-
-
-def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in runs[0]:
-        values = [run[key] for run in runs]
-        out[key] = statistics.median(values)
-        out[key + "_range"] = [min(values), max(values)]
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

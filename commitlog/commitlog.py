@@ -783,13 +783,6 @@ class CommitLog:
         if listener is not None:  # sync mode: newly durable bytes may now be dispatched
             listener()
 
-    def wait_durable(self, position: int) -> None:
-        """Sync mode: block until ``position`` is durable. Async mode: flush now."""
-        if isinstance(self._flusher, GroupCommitService):
-            self._flusher.wait_durable(position)
-        else:
-            self.flush_to(position)
-
     # ------------------------------------------------------------------ retention
 
     def delete_oldest_file(self) -> MappedFile | None:

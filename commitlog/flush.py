@@ -70,9 +70,6 @@ class AsyncFlushService:
             if thorough:
                 last_thorough = time.monotonic()
 
-    def wait_durable(self, end_position: int) -> None:
-        """Async mode acknowledges at once."""
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
