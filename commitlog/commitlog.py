@@ -57,6 +57,7 @@ from commitlog.record import (
     encode_into,
     encode_keys,
     encode_properties,
+    encode_run,
     encode_tag,
     validate_topic,
 )
@@ -522,24 +523,30 @@ class CommitLog:
             mapping = current.mapping
             in_file = position - current.start_offset
             file_size = current.size_bytes
-            queue_offset = first_queue_offset
-            for index, (size, flags, tag_b, keys_b, props_b, body, born) in enumerate(encoded):
-                if in_file + size + BLANK_SIZE > file_size:
-                    self._write_position = position  # the records before the roll are in
-                    self._queue_offsets[key] = queue_offset
-                    current = self._roll(in_file)
-                    mapping = current.mapping
-                    position = current.start_offset
-                    in_file = 0
-                encode_into(
-                    mapping, in_file, position, size, queue_offset,
-                    store_ts_ms if born is None else born, store_ts_ms,
-                    queue_id, flags, topic_bytes, tag_b, keys_b, props_b, body,
+            done = 0
+            while True:
+                # Encode what fits this file in one call (C when built), then roll.
+                stop = encode_run(
+                    mapping, in_file, file_size, position, first_queue_offset + done,
+                    store_ts_ms, queue_id, topic_bytes, encoded, done, positions,
                 )  # fmt: skip
-                positions[index] = position
-                position += size
-                in_file += size
-                queue_offset += 1
+                if stop > done:
+                    written = int(positions[stop - 1]) + encoded[stop - 1][0] - position
+                    position += written
+                    in_file += written
+                    done = stop
+                if done == count:
+                    break
+                if stop == done and in_file == 0:  # config keeps records below a file
+                    raise LimitExceededError(f"record {done} does not fit an empty file")
+                self._write_position = position  # the records before the roll are in
+                self._queue_offsets[key] = first_queue_offset + done
+                current = self._roll(in_file)
+                mapping = current.mapping
+                file_size = current.size_bytes
+                position = current.start_offset
+                in_file = 0
+            queue_offset = first_queue_offset + count
             self._queue_offsets[key] = queue_offset
             self._write_position = position
             self._last_store_ts_ms = store_ts_ms

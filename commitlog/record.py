@@ -5,7 +5,7 @@ Layout of a message record (all integers little-endian)::
     offset size field
     0      4    total_size       u32  whole record, this field included
     4      4    magic            u32  MESSAGE_MAGIC
-    8      8    checksum         u64  xxh3_64 over bytes [16, total_size), seeded with
+    8      8    checksum         u64  XXH64 over bytes [16, total_size), seeded with
                                       the u64 at [0, 8) (total_size | magic << 32), so it
                                       covers every byte of the record but its own field
     16     8    queue_offset     i64  dense from 0 per (topic, queue_id)
@@ -33,6 +33,11 @@ for a blank record, so a reader always finds one of the two magics at a record s
 
 Decoding validates size, magic and checksum; any failure is a ``CorruptDataError``
 naming the file and the position, never a half-decoded record.
+
+The checksum is XXH64 rather than XXH3 because it is short enough to carry in C:
+commitlog/_native.c encodes and verifies records without a Python call per record
+(``encode_into``, ``encode_run``, ``verify_records``, ``gather`` below pick the C or
+the pure-Python version; see commitlog/native.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any, Final, TypeVar
 
+import numpy as np
 import xxhash
 
 from commitlog.errors import (
@@ -50,6 +56,7 @@ from commitlog.errors import (
     InvalidTypeError,
     LimitExceededError,
 )
+from commitlog.native import NATIVE
 
 __all__ = [
     "BLANK_MAGIC",
@@ -66,6 +73,9 @@ __all__ = [
     "decode_properties",
     "decode_run",
     "encode_into",
+    "encode_run",
+    "gather",
+    "verify_records",
     "encode_keys",
     "encode_properties",
     "encode_tag",
@@ -74,8 +84,8 @@ __all__ = [
     "validate_topic",
 ]
 
-MESSAGE_MAGIC: Final = 0x4D515231  # "MQR1" read little-endian as text
-BLANK_MAGIC: Final = 0x4D51424B  # "MQBK"
+MESSAGE_MAGIC: Final = 0x4D515232  # "2RQM" in the file: format 2 (XXH64 checksums)
+BLANK_MAGIC: Final = 0x4D514232  # "2BQM"
 
 #: total_size u32, magic u32, checksum u64: the part read first at any record start.
 PREFIX: Final = struct.Struct("<IIQ")
@@ -120,7 +130,8 @@ KEYS_MAX_BYTES: Final = 0xFFFF  # keys_len is a u16
 KEY_SEPARATOR: Final = b"\x00"
 _TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,127}")
 
-_hash = xxhash.xxh3_64_intdigest
+_tag_hash = xxhash.xxh3_64_intdigest
+_hash = xxhash.xxh64_intdigest if NATIVE is None else NATIVE.xxh64
 _topic_cache: dict[str, bytes] = {}
 _TOPIC_CACHE_MAX: Final = 1 << 16  # validated names kept; a store rarely has more topics
 
@@ -165,7 +176,7 @@ def tag_hash(tag: bytes) -> int:
     """The signed 64-bit tag hash stored in ConsumeQueue units; 0 means no tag."""
     if not tag:
         return 0
-    value = _hash(tag)
+    value = _tag_hash(tag)
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -270,7 +281,7 @@ def checksum(record: bytes | memoryview, total_size: int, magic: int) -> int:
     return _hash(record, total_size | magic << 32)
 
 
-def encode_into(
+def encode_into_py(
     buffer: Any,
     position: int,
     physical_offset: int,
@@ -318,6 +329,89 @@ def encode_into(
     )
     end = position + total_size
     buffer[position + PREFIX.size : end] = tail
+
+
+def encode_run_py(
+    buffer: Any,
+    in_file: int,
+    file_size: int,
+    physical_offset: int,
+    first_queue_offset: int,
+    store_ts_ms: int,
+    queue_id: int,
+    topic: bytes,
+    encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]],
+    start: int,
+    positions: Any,
+) -> int:
+    """Write ``encoded[start:]`` one after another from ``in_file``, while each record
+    leaves room for a blank record before ``file_size``.
+
+    ``encoded`` holds per-record (size, flags, tag, keys, properties, body, born_ts_ms
+    or None for the store timestamp), as ``CommitLog.append_batch`` validated them;
+    queue offsets go up by one from ``first_queue_offset``. ``positions[i]`` (an int64
+    array as long as ``encoded``) gets record i's physical offset.
+
+    Returns:
+        The index after the last record written: ``len(encoded)`` when all fit, else
+        the record the caller has to roll the file for.
+    """
+    index = start
+    queue_offset = first_queue_offset
+    for index in range(start, len(encoded)):
+        size, flags, tag_b, keys_b, props_b, body, born = encoded[index]
+        if in_file + size + BLANK_SIZE > file_size:
+            return index
+        encode_into_py(
+            buffer, in_file, physical_offset, size, queue_offset,
+            store_ts_ms if born is None else born, store_ts_ms,
+            queue_id, flags, topic, tag_b, keys_b, props_b, body,
+        )  # fmt: skip
+        positions[index] = physical_offset
+        physical_offset += size
+        in_file += size
+        queue_offset += 1
+    return len(encoded)
+
+
+def verify_records_py(buffer: Any, positions: Any, sizes: Any) -> int:
+    """The index of the first record (at ``positions[i]`` of ``buffer``, ``sizes[i]``
+    bytes; int64 arrays) whose size field, magic or checksum is wrong, or -1."""
+    view = memoryview(buffer)
+    for index, (position, size) in enumerate(zip(positions.tolist(), sizes.tolist(), strict=True)):
+        if position < 0 or size < HEADER_SIZE or position + size > len(view):
+            return index
+        total_size, magic, stored = PREFIX.unpack_from(view, position)
+        if total_size != size or magic != MESSAGE_MAGIC:
+            return index
+        if _hash(view[position + HASHED_FROM : position + size], size | magic << 32) != stored:
+            return index
+    return -1
+
+
+def gather_py(buffer: Any, starts: Any, lengths: Any, out: Any) -> None:
+    """Copy ``buffer[starts[i] : starts[i] + lengths[i]]`` one after another into
+    ``out`` (int64 arrays; ``out`` writable, at least ``lengths.sum()`` bytes)."""
+    view = memoryview(buffer)
+    target = memoryview(out).cast("B")
+    cursor = 0
+    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        if start < 0 or length < 0 or start + length > len(view):
+            raise ValueError("a slice lies outside the buffer")
+        target[cursor : cursor + length] = view[start : start + length]
+        cursor += length
+
+
+if NATIVE is None:
+    encode_into = encode_into_py
+    encode_run = encode_run_py
+    verify_records = verify_records_py
+    gather = gather_py
+else:
+    encode_into = NATIVE.encode_into
+    encode_run = NATIVE.encode_run
+    verify_records = NATIVE.verify_records
+    gather = NATIVE.gather
 
 
 def encode_blank_into(buffer: Any, position: int, total_size: int) -> None:
@@ -544,6 +638,17 @@ def decode_run(
     topic_raw = topic.encode("ascii")
     topic_len_expected = len(topic_raw)
     records = []
+    # Checksums first, for the whole run in one call (C when built); the loop below
+    # then checks the header fields record by record.
+    hashed = NATIVE is not None
+    bad = -1
+    if hashed:
+        positions = np.asarray(physical_offsets, dtype=np.int64) - file_start
+        bad = verify_records(buffer, positions, np.asarray(sizes, dtype=np.int64))
+        if bad >= 0:
+            hashed = False  # the loop finds the record and says what is wrong with it
+            physical_offsets = physical_offsets[: bad + 1]
+            sizes = sizes[: bad + 1]
     queue_offset = first_queue_offset
     for physical, size in zip(physical_offsets, sizes, strict=True):
         position = physical - file_start
@@ -567,9 +672,9 @@ def decode_run(
                 path, position, f"not the record of {topic}/{queue_id}@{queue_offset}"
             )
         end = position + total_size
-        if (
-            end > len(view)
-            or _hash(view[position + HASHED_FROM : end], total_size | magic << 32) != stored
+        if end > len(view) or (
+            not hashed
+            and _hash(view[position + HASHED_FROM : end], total_size | magic << 32) != stored
         ):
             raise CorruptDataError(path, position, "checksum mismatch")
         cursor = position + HEADER_SIZE
@@ -604,4 +709,6 @@ def decode_run(
             )
         )
         queue_offset += 1
+    if bad >= 0:  # verify_records and the loop disagree: never return a short run
+        raise CorruptDataError(path, int(positions[bad]), "checksum mismatch")
     return records

@@ -634,6 +634,7 @@ class ConsumeQueue:
     def _truncate(self, offset: int) -> None:
         if offset >= self._max_offset:
             return
+        self._ctx.cache.generation += 1  # a TailWriter's row for this queue is stale
         self._time_index = None
         if offset <= self._first_offset:
             self._start_at(offset)

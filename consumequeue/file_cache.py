@@ -45,7 +45,14 @@ SYNCFS_MIN_PATHS: Final = 256  # from this many paths, one syncfs beats a sync p
 class FileCache:
     """Mapped files by key, least recently used first, at most ``max_open_files``."""
 
-    __slots__ = ("_files", "_lock", "_max_open_files", "_pending_dirs", "_pending_files")
+    __slots__ = (
+        "_files",
+        "_lock",
+        "_max_open_files",
+        "_pending_dirs",
+        "_pending_files",
+        "generation",
+    )
 
     def __init__(self, max_open_files: int, lock: threading.RLock) -> None:
         assert max_open_files >= 2
@@ -54,6 +61,9 @@ class FileCache:
         self._files: OrderedDict[CacheKey, MappedFile] = OrderedDict()
         self._pending_files: dict[str, None] = {}  # evicted while dirty; insertion-ordered
         self._pending_dirs: dict[str, None] = {}  # directories with new or removed entries
+        # Goes up whenever a mapping leaves the cache or a queue drops units, so that a
+        # holder of raw addresses (TailWriter) knows to let go and look again.
+        self.generation = 0
 
     def __len__(self) -> int:
         return len(self._files)
@@ -75,6 +85,7 @@ class FileCache:
         self._files[key] = mapped
         while len(self._files) > self._max_open_files:
             _, coldest = self._files.popitem(last=False)
+            self.generation += 1
             if coldest.dirty:
                 self._remember(self._pending_files, coldest.path)
         assert len(self._files) <= self._max_open_files
@@ -83,6 +94,7 @@ class FileCache:
         """Forget a file that is being deleted (no sync: its bytes no longer matter)."""
         mapped = self._files.pop(key, None)
         if mapped is not None:
+            self.generation += 1
             self._pending_files.pop(mapped.path, None)
 
     def discard_queue(self, serial: int) -> None:
@@ -163,6 +175,7 @@ class FileCache:
     def close(self) -> None:
         """Drop every mapping (views held by readers keep theirs); flush() first."""
         with self._lock:
+            self.generation += 1
             self._files.clear()
 
 

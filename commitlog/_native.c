@@ -1,0 +1,570 @@
+/*
+ * commitlog._native: the hot loops of the record format, in C.
+ *
+ * The format itself is declared once, in commitlog/record.py; this file follows it
+ * and commitlog/native.py holds the pure-Python version of every function here (the
+ * fallback when this module did not build, and the reference the tests compare it
+ * with). Nothing here allocates Python objects per record: the callers pass buffers
+ * and numpy arrays, and get counts or positions back.
+ *
+ * Record header (little-endian), as in record.py:
+ *   0 total_size u32 | 4 magic u32 | 8 checksum u64 | 16 queue_offset i64
+ *   24 physical_offset i64 | 32 born_ts_ms i64 | 40 store_ts_ms i64 | 48 queue_id i32
+ *   52 flags u32 | 56 body_len u32 | 60 properties_len u32 | 64 keys_len u16
+ *   66 topic_len u8 | 67 tag_len u8 | 68 topic | tag | keys | properties | body
+ * checksum = XXH64(bytes [16, total_size), seed = total_size | magic << 32).
+ *
+ * XXH64 is implemented from its specification (xxhash.com, doc/xxhash_spec.md);
+ * tests/commitlog/test_native.py checks it against the xxhash package.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER_SIZE 68
+#define BLANK_SIZE 16
+#define MESSAGE_MAGIC 0x4D515232u
+#define FLAG_NULL_BODY 0x1u
+
+/* ------------------------------------------------------------------ XXH64 */
+
+static const uint64_t P1 = 0x9E3779B185EBCA87ULL;
+static const uint64_t P2 = 0xC2B2AE3D27D4EB4FULL;
+static const uint64_t P3 = 0x165667B19E3779F9ULL;
+static const uint64_t P4 = 0x85EBCA77C2B2AE63ULL;
+static const uint64_t P5 = 0x27D4EB2F165667C5ULL;
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t read64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8); /* little-endian hosts only: checked at import */
+    return v;
+}
+
+static inline uint32_t read32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t xxh_round(uint64_t acc, uint64_t input) {
+    acc += input * P2;
+    acc = rotl64(acc, 31);
+    return acc * P1;
+}
+
+static inline uint64_t xxh_merge(uint64_t acc, uint64_t val) {
+    acc ^= xxh_round(0, val);
+    return acc * P1 + P4;
+}
+
+static uint64_t xxh64(const uint8_t *p, size_t len, uint64_t seed) {
+    const uint8_t *end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        const uint8_t *limit = end - 32;
+        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+        do {
+            v1 = xxh_round(v1, read64(p));
+            v2 = xxh_round(v2, read64(p + 8));
+            v3 = xxh_round(v3, read64(p + 16));
+            v4 = xxh_round(v4, read64(p + 24));
+            p += 32;
+        } while (p <= limit);
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xxh_merge(h, v1);
+        h = xxh_merge(h, v2);
+        h = xxh_merge(h, v3);
+        h = xxh_merge(h, v4);
+    } else {
+        h = seed + P5;
+    }
+    h += (uint64_t)len;
+    while (p + 8 <= end) {
+        h ^= xxh_round(0, read64(p));
+        h = rotl64(h, 27) * P1 + P4;
+        p += 8;
+    }
+    if (p + 4 <= end) {
+        h ^= (uint64_t)read32(p) * P1;
+        h = rotl64(h, 23) * P2 + P3;
+        p += 4;
+    }
+    while (p < end) {
+        h ^= (uint64_t)(*p) * P5;
+        h = rotl64(h, 11) * P1;
+        p++;
+    }
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* A bytes object's data without a buffer export; other bytes-likes via the buffer
+ * protocol (view->obj is set only then, and must be released). */
+static int get_bytes(PyObject *obj, Py_buffer *view, const char *what) {
+    if (PyBytes_CheckExact(obj)) {
+        view->obj = NULL;
+        view->buf = PyBytes_AS_STRING(obj);
+        view->len = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes-like, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void release(Py_buffer *view) {
+    if (view->obj != NULL) PyBuffer_Release(view);
+}
+
+static int as_i64(PyObject *obj, int64_t *out) {
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Write one record at dst (which has room for total bytes); returns nothing: the
+ * caller checked every length. */
+static void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int64_t physical,
+                         int64_t born, int64_t stored, int32_t queue_id, uint32_t flags,
+                         const Py_buffer *topic, const Py_buffer *tag, const Py_buffer *keys,
+                         const Py_buffer *props, const Py_buffer *body) {
+    put_u32(dst, total);
+    put_u32(dst + 4, MESSAGE_MAGIC);
+    put_u64(dst + 16, (uint64_t)queue_offset);
+    put_u64(dst + 24, (uint64_t)physical);
+    put_u64(dst + 32, (uint64_t)born);
+    put_u64(dst + 40, (uint64_t)stored);
+    put_u32(dst + 48, (uint32_t)queue_id);
+    put_u32(dst + 52, flags);
+    put_u32(dst + 56, (uint32_t)body->len);
+    put_u32(dst + 60, (uint32_t)props->len);
+    put_u16(dst + 64, (uint16_t)keys->len);
+    dst[66] = (uint8_t)topic->len;
+    dst[67] = (uint8_t)tag->len;
+    uint8_t *cursor = dst + HEADER_SIZE;
+    memcpy(cursor, topic->buf, topic->len);
+    cursor += topic->len;
+    if (tag->len) memcpy(cursor, tag->buf, tag->len);
+    cursor += tag->len;
+    if (keys->len) memcpy(cursor, keys->buf, keys->len);
+    cursor += keys->len;
+    if (props->len) memcpy(cursor, props->buf, props->len);
+    cursor += props->len;
+    if (body->len) memcpy(cursor, body->buf, body->len);
+    uint64_t seed = (uint64_t)total | ((uint64_t)MESSAGE_MAGIC << 32);
+    put_u64(dst + 8, xxh64(dst + BLANK_SIZE, total - BLANK_SIZE, seed));
+}
+
+/* ------------------------------------------------------------------ xxh64() */
+
+static PyObject *py_xxh64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "xxh64(data, seed)");
+        return NULL;
+    }
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (seed == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (get_bytes(args[0], &view, "data") < 0) return NULL;
+    uint64_t h;
+    if (view.len >= 4096) {
+        Py_BEGIN_ALLOW_THREADS h = xxh64(view.buf, (size_t)view.len, seed);
+        Py_END_ALLOW_THREADS
+    } else {
+        h = xxh64(view.buf, (size_t)view.len, seed);
+    }
+    release(&view);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* ------------------------------------------------------------------ encode_into() */
+
+/* encode_into(buffer, position, physical_offset, total_size, queue_offset, born_ts_ms,
+ *             store_ts_ms, queue_id, flags, topic, tag, keys, properties, body)
+ * The signature of record.encode_into: the caller validated every field and computed
+ * total_size; this checks that the sections add up and fit the buffer. */
+static PyObject *py_encode_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "encode_into takes 14 arguments");
+        return NULL;
+    }
+    int64_t position, physical, total, queue_offset, born, stored, queue_id, flags;
+    if (as_i64(args[1], &position) < 0 || as_i64(args[2], &physical) < 0 ||
+        as_i64(args[3], &total) < 0 || as_i64(args[4], &queue_offset) < 0 ||
+        as_i64(args[5], &born) < 0 || as_i64(args[6], &stored) < 0 ||
+        as_i64(args[7], &queue_id) < 0 || as_i64(args[8], &flags) < 0)
+        return NULL;
+    Py_buffer out, topic, tag, keys, props, body;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
+    topic.obj = tag.obj = keys.obj = props.obj = body.obj = NULL;
+    PyObject *result = NULL;
+    if (get_bytes(args[9], &topic, "topic") < 0) goto done;
+    if (get_bytes(args[10], &tag, "tag") < 0) goto done;
+    if (get_bytes(args[11], &keys, "keys") < 0) goto done;
+    if (get_bytes(args[12], &props, "properties") < 0) goto done;
+    if (get_bytes(args[13], &body, "body") < 0) goto done;
+    if (HEADER_SIZE + topic.len + tag.len + keys.len + props.len + body.len != total ||
+        total > 0xFFFFFFFFLL || topic.len > 255 || tag.len > 255 || keys.len > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "section lengths do not add up to total_size");
+        goto done;
+    }
+    if (position < 0 || position + total > out.len) {
+        PyErr_SetString(PyExc_ValueError, "the record does not fit the buffer");
+        goto done;
+    }
+    write_record((uint8_t *)out.buf + position, (uint32_t)total, queue_offset, physical, born,
+                 stored, (int32_t)queue_id, (uint32_t)flags, &topic, &tag, &keys, &props, &body);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&body);
+    release(&props);
+    release(&keys);
+    release(&tag);
+    release(&topic);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* ------------------------------------------------------------------ encode_run() */
+
+/* encode_run(buffer, in_file, file_size, physical, first_queue_offset, store_ts_ms,
+ *            queue_id, topic, encoded, start, positions)
+ *
+ * Write encoded[start:] (record.py's per-record tuples (size, flags, tag, keys,
+ * properties, body, born_ts_ms or None)) one after another from in_file, while each
+ * record leaves room for a blank record before file_size. positions (an int64 array
+ * with one slot per item of encoded) gets every written record's physical offset.
+ * Returns the index after the last written item: len(encoded) when all fit, else the
+ * item the caller must roll the file for. */
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 11 arguments");
+        return NULL;
+    }
+    int64_t in_file, file_size, physical, queue_offset, stored, queue_id, start;
+    if (as_i64(args[1], &in_file) < 0 || as_i64(args[2], &file_size) < 0 ||
+        as_i64(args[3], &physical) < 0 || as_i64(args[4], &queue_offset) < 0 ||
+        as_i64(args[5], &stored) < 0 || as_i64(args[6], &queue_id) < 0 ||
+        as_i64(args[9], &start) < 0)
+        return NULL;
+    PyObject *encoded = args[8];
+    if (!PyList_CheckExact(encoded)) {
+        PyErr_SetString(PyExc_TypeError, "encoded must be a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(encoded);
+    Py_buffer out, topic, positions;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
+    if (get_bytes(args[7], &topic, "topic") < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[10], &positions, PyBUF_WRITABLE) < 0) {
+        release(&topic);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    int64_t *pos_out = (int64_t *)positions.buf;
+    Py_ssize_t index = start;
+    PyObject *result = NULL;
+    if (positions.len < count * (Py_ssize_t)sizeof(int64_t) || file_size > out.len) {
+        PyErr_SetString(PyExc_ValueError, "positions or file size do not match");
+        goto done;
+    }
+    for (; index < count; index++) {
+        PyObject *item = PyList_GET_ITEM(encoded, index);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 7) {
+            PyErr_SetString(PyExc_TypeError, "encoded items are 7-tuples");
+            goto done;
+        }
+        int64_t size, flags, born;
+        if (as_i64(PyTuple_GET_ITEM(item, 0), &size) < 0 ||
+            as_i64(PyTuple_GET_ITEM(item, 1), &flags) < 0)
+            goto done;
+        if (in_file + size + BLANK_SIZE > file_size) break;
+        PyObject *born_obj = PyTuple_GET_ITEM(item, 6);
+        if (born_obj == Py_None) {
+            born = stored;
+        } else if (as_i64(born_obj, &born) < 0) {
+            goto done;
+        }
+        Py_buffer tag, keys, props, body;
+        tag.obj = keys.obj = props.obj = body.obj = NULL;
+        int bad = get_bytes(PyTuple_GET_ITEM(item, 2), &tag, "tag") < 0 ||
+                  get_bytes(PyTuple_GET_ITEM(item, 3), &keys, "keys") < 0 ||
+                  get_bytes(PyTuple_GET_ITEM(item, 4), &props, "properties") < 0 ||
+                  get_bytes(PyTuple_GET_ITEM(item, 5), &body, "body") < 0;
+        if (!bad && (HEADER_SIZE + topic.len + tag.len + keys.len + props.len + body.len != size ||
+                     tag.len > 255 || keys.len > 0xFFFF)) {
+            PyErr_SetString(PyExc_ValueError, "section lengths do not add up to the size");
+            bad = 1;
+        }
+        if (!bad)
+            write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical,
+                         born, stored, (int32_t)queue_id, (uint32_t)flags, &topic, &tag, &keys,
+                         &props, &body);
+        release(&body);
+        release(&props);
+        release(&keys);
+        release(&tag);
+        if (bad) goto done;
+        pos_out[index] = physical;
+        physical += size;
+        in_file += size;
+        queue_offset++;
+    }
+    result = PyLong_FromSsize_t(index);
+done:
+    PyBuffer_Release(&positions);
+    release(&topic);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* ------------------------------------------------------------------ verify_records() */
+
+/* verify_records(buffer, positions, sizes) -> index of the first record (at
+ * positions[i] inside buffer, sizes[i] bytes; int64 arrays) whose size field, magic or
+ * checksum is wrong, or -1 when all verify. Runs without the GIL. */
+static PyObject *py_verify_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "verify_records(buffer, positions, sizes)");
+        return NULL;
+    }
+    Py_buffer buf, pos, sizes;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &pos, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &sizes, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&pos);
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t count = pos.len / 8;
+    Py_ssize_t bad = -1;
+    if (sizes.len != pos.len) {
+        PyErr_SetString(PyExc_ValueError, "positions and sizes differ in length");
+    } else {
+        const int64_t *p = pos.buf, *s = sizes.buf;
+        const uint8_t *base = buf.buf;
+        Py_ssize_t len = buf.len;
+        Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t at = p[i], size = s[i];
+            if (at < 0 || size < HEADER_SIZE || at + size > len) {
+                bad = i;
+                break;
+            }
+            const uint8_t *rec = base + at;
+            if (read32(rec) != (uint32_t)size || read32(rec + 4) != MESSAGE_MAGIC) {
+                bad = i;
+                break;
+            }
+            uint64_t seed = (uint64_t)size | ((uint64_t)MESSAGE_MAGIC << 32);
+            if (xxh64(rec + BLANK_SIZE, (size_t)size - BLANK_SIZE, seed) != read64(rec + 8)) {
+                bad = i;
+                break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&buf);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(bad);
+}
+
+/* ------------------------------------------------------------------ gather() */
+
+/* gather(buffer, starts, lengths, out) copies buffer[starts[i]:starts[i]+lengths[i]]
+ * one after another into out (a writable buffer of sum(lengths) bytes; int64 arrays).
+ * Runs without the GIL. */
+static PyObject *py_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gather(buffer, starts, lengths, out)");
+        return NULL;
+    }
+    Py_buffer buf, starts, lengths, out;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &starts, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &lengths, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&starts);
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[3], &out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&lengths);
+        PyBuffer_Release(&starts);
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int ok = starts.len == lengths.len;
+    Py_ssize_t count = starts.len / 8;
+    const int64_t *st = starts.buf, *ln = lengths.buf;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; ok && i < count; i++) {
+        if (st[i] < 0 || ln[i] < 0 || st[i] + ln[i] > buf.len) ok = 0;
+        total += ln[i];
+    }
+    if (!ok || total > out.len) {
+        PyErr_SetString(PyExc_ValueError, "a slice lies outside the buffer, or out is short");
+    } else {
+        uint8_t *dst = out.buf;
+        const uint8_t *base = buf.buf;
+        Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < count; i++) {
+            memcpy(dst, base + st[i], (size_t)ln[i]);
+            dst += ln[i];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&buf);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ write_units() */
+
+/* The ConsumeQueue tail writer's slot table (consumequeue/tail_writer.py): one row of
+ * int64 per queue, columns as TAIL_* below. A row with units_addr 0 is detached. */
+enum {
+    TAIL_UNITS_ADDR,  /* the mapping of the queue's last unit file */
+    TAIL_TIMES_ADDR,  /* the first timestamp of its time file */
+    TAIL_BLOCKS_ADDR, /* the first block maximum of its time file */
+    TAIL_INTERVAL,    /* units per block */
+    TAIL_FILE_FIRST,  /* queue offset of unit 0 of that file */
+    TAIL_NEXT,        /* the queue's max offset: the only offset appended here */
+    TAIL_LIMIT,       /* first queue offset not reserved on disk (or past the file) */
+    TAIL_LAST_CLOG,   /* commitlog offset of the queue's last unit */
+    TAIL_COLUMNS
+};
+
+/* write_units(table, slots, queue_offsets, commitlog_offsets, sizes, tag_hashes,
+ *             timestamps, start) -> index
+ * Append units[start:] (int32 slots, int64 columns but int32 sizes) at the tails of
+ * their queues while each is the next unit of an attached row, in reserved space, with
+ * a commitlog offset above the previous unit's. Returns the first index it did not
+ * write (len when all were): the caller writes that one the slow way. Unit layout:
+ * commitlog_offset i64 @0, size i32 @8, tag_hash i64 @12; the size is stored last
+ * (release order), as it makes the unit visible to readers in other processes. */
+static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "write_units takes 8 arguments");
+        return NULL;
+    }
+    int64_t start;
+    if (as_i64(args[7], &start) < 0) return NULL;
+    Py_buffer views[7];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 7; got++) {
+        int flags = got == 0 ? PyBUF_WRITABLE : PyBUF_SIMPLE;
+        if (PyObject_GetBuffer(args[got], &views[got], flags) < 0) goto done;
+    }
+    Py_ssize_t count = views[1].len / 4;
+    Py_ssize_t rows = views[0].len / (TAIL_COLUMNS * 8);
+    if (views[2].len != count * 8 || views[3].len != count * 8 || views[4].len != count * 4 ||
+        views[5].len != count * 8 || views[6].len != count * 8 || start < 0 || start > count) {
+        PyErr_SetString(PyExc_ValueError, "write_units: columns differ in length");
+        goto done;
+    }
+    int64_t *table = views[0].buf;
+    const int32_t *slots = views[1].buf, *sizes = views[4].buf;
+    const int64_t *qoffs = views[2].buf, *clogs = views[3].buf, *tags = views[5].buf,
+                  *times = views[6].buf;
+    Py_ssize_t i = start;
+    for (; i < count; i++) {
+        int32_t slot = slots[i];
+        if (slot < 0 || slot >= rows) break;
+        int64_t *row = table + (Py_ssize_t)slot * TAIL_COLUMNS;
+        int64_t offset = qoffs[i];
+        if (row[TAIL_UNITS_ADDR] == 0 || offset != row[TAIL_NEXT] || offset >= row[TAIL_LIMIT] ||
+            clogs[i] <= row[TAIL_LAST_CLOG] || sizes[i] <= 0)
+            break;
+        int64_t index = offset - row[TAIL_FILE_FIRST];
+        int64_t stamp = times[i];
+        uint8_t *times_at = (uint8_t *)(uintptr_t)row[TAIL_TIMES_ADDR] + index * 8;
+        memcpy(times_at, &stamp, 8);
+        uint8_t *block = (uint8_t *)(uintptr_t)row[TAIL_BLOCKS_ADDR] +
+                         (index / row[TAIL_INTERVAL]) * 8;
+        int64_t maximum;
+        memcpy(&maximum, block, 8);
+        if (maximum < stamp) memcpy(block, &stamp, 8);
+        uint8_t *unit = (uint8_t *)(uintptr_t)row[TAIL_UNITS_ADDR] + index * 20;
+        memcpy(unit, &clogs[i], 8);
+        memcpy(unit + 12, &tags[i], 8);
+        __atomic_store_n((int32_t *)(void *)(unit + 8), sizes[i], __ATOMIC_RELEASE);
+        row[TAIL_NEXT] = offset + 1;
+        row[TAIL_LAST_CLOG] = clogs[i];
+    }
+    result = PyLong_FromSsize_t(i);
+done:
+    while (got-- > 0) PyBuffer_Release(&views[got]);
+    return result;
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"xxh64", (PyCFunction)(void (*)(void))py_xxh64, METH_FASTCALL,
+     "xxh64(data, seed) -> the XXH64 hash of data."},
+    {"encode_into", (PyCFunction)(void (*)(void))py_encode_into, METH_FASTCALL,
+     "Write one record; the signature of commitlog.record.encode_into."},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
+     "Write encoded records one after another while they fit the file."},
+    {"verify_records", (PyCFunction)(void (*)(void))py_verify_records, METH_FASTCALL,
+     "Index of the first record failing its size, magic or checksum, or -1."},
+    {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,
+     "Copy byte slices of a buffer one after another into out."},
+    {"write_units", (PyCFunction)(void (*)(void))py_write_units, METH_FASTCALL,
+     "Append ConsumeQueue units at their queues' tails; the first index not written."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "commitlog._native",
+    "The hot loops of the CommitLog record format (see commitlog/native.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    const uint16_t probe = 1;
+    if (*(const uint8_t *)&probe != 1) {
+        PyErr_SetString(PyExc_ImportError, "commitlog._native needs a little-endian host");
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "MESSAGE_MAGIC", MESSAGE_MAGIC) < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "TAIL_COLUMNS", TAIL_COLUMNS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

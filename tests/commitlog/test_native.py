@@ -1,0 +1,182 @@
+"""The C hot loops (commitlog/_native.c) against their pure-Python versions in
+commitlog/record.py: same bytes written, same verdicts, same hash as the xxhash
+package. Skipped where the C module did not build, unless MQSTORE_REQUIRE_NATIVE=1
+(make test), where a missing module already fails the import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commitlog import record
+from commitlog.native import NATIVE
+from tests import strategies as s
+
+native = pytest.mark.skipif(NATIVE is None, reason="commitlog._native is not built")
+
+_records = st.tuples(
+    s.bodies | st.none(), s.keys, s.tags, s.property_pairs, s.timestamps_ms | st.none()
+)
+
+
+def _encoded(topic: str, items: list) -> list:
+    """record.py's per-record tuples (as CommitLog.append_batch builds them)."""
+    topic_b = record.validate_topic(topic)
+    out = []
+    for body, keys, tag, props, born in items:
+        tag_b, keys_b = record.encode_tag(tag), record.encode_keys(keys)
+        props_b = record.encode_properties(props)
+        flags = record.FLAG_NULL_BODY if body is None else 0
+        body_b = b"" if body is None else body
+        size = record.HEADER_SIZE + len(topic_b) + len(tag_b) + len(keys_b) + len(props_b)
+        out.append((size + len(body_b), flags, tag_b, keys_b, props_b, body_b, born))
+    return out
+
+
+@native
+@settings(max_examples=300)
+@given(st.binary(max_size=300), st.integers(min_value=0, max_value=2**64 - 1))
+def test_xxh64_is_the_xxhash_packages(data: bytes, seed: int) -> None:
+    assert NATIVE is not None
+    assert NATIVE.xxh64(data, seed) == xxhash.xxh64_intdigest(data, seed)
+    assert NATIVE.xxh64(bytearray(data), seed) == xxhash.xxh64_intdigest(data, seed)
+
+
+@native
+def test_xxh64_long_inputs_release_the_gil_path() -> None:
+    assert NATIVE is not None
+    data = os.urandom(1 << 20)
+    assert NATIVE.xxh64(data, 7) == xxhash.xxh64_intdigest(data, 7)
+
+
+@native
+@settings(max_examples=150)
+@given(s.topics, s.queue_ids, st.lists(_records, min_size=1, max_size=8),
+       st.integers(min_value=0, max_value=2**40), st.integers(min_value=0, max_value=2**62),
+       st.integers(min_value=0, max_value=3000))  # fmt: skip
+def test_encode_run_writes_what_python_writes(
+    topic: str, queue_id: int, items: list, first_offset: int, stamp: int, room: int
+) -> None:
+    """The same bytes, positions and stop index, including a file end mid-run."""
+    assert NATIVE is not None
+    encoded = _encoded(topic, items)
+    topic_b = record.validate_topic(topic)
+    file_size = 100 + room
+    results = []
+    for run in (NATIVE.encode_run, record.encode_run_py):
+        buffer = bytearray(file_size)
+        positions = np.full(len(encoded), -1, dtype=np.int64)
+        stop = run(buffer, 100, file_size, 5000, first_offset, stamp, queue_id, topic_b,
+                   encoded, 0, positions)  # fmt: skip
+        results.append((bytes(buffer), positions.tolist(), stop))
+    assert results[0] == results[1]
+    buffer_bytes, positions_list, stop = results[0]
+    # Each written record decodes to what was given.
+    for index in range(stop):
+        got = record.decode(buffer_bytes, positions_list[index] - 4900, file_size, "f", 4900)
+        assert got is not None
+        size, flags, _, _, _, body_b, born = encoded[index]
+        assert (got.size, got.queue_offset, got.store_ts_ms) == (size, first_offset + index, stamp)
+        assert got.born_ts_ms == (stamp if born is None else born)
+        assert (got.body is None) == bool(flags) and bytes(got.body or b"") == body_b
+
+
+@native
+@settings(max_examples=100)
+@given(s.topics, st.lists(_records, min_size=1, max_size=6), st.data())
+def test_verify_records_agrees_with_python(topic: str, items: list, data: st.DataObject) -> None:
+    """Intact runs verify; one flipped bit anywhere is found at the same record."""
+    assert NATIVE is not None
+    encoded = _encoded(topic, items)
+    total = sum(item[0] for item in encoded)
+    buffer = bytearray(total + 16)
+    positions = np.zeros(len(encoded), dtype=np.int64)
+    topic_b = record.validate_topic(topic)
+    written = record.encode_run_py(buffer, 0, len(buffer), 0, 0, 1, 0, topic_b, encoded, 0,
+                                   positions)  # fmt: skip
+    assert written == len(encoded)
+    sizes = np.array([item[0] for item in encoded], dtype=np.int64)
+    assert NATIVE.verify_records(buffer, positions, sizes) == -1
+    assert record.verify_records_py(buffer, positions, sizes) == -1
+    bit = data.draw(st.integers(min_value=0, max_value=total * 8 - 1))
+    buffer[bit // 8] ^= 1 << (bit % 8)
+    found = NATIVE.verify_records(buffer, positions, sizes)
+    assert found == record.verify_records_py(buffer, positions, sizes)
+    assert found == int(np.searchsorted(positions, bit // 8, side="right")) - 1
+
+
+@native
+def test_verify_records_rejects_slices_outside_the_buffer() -> None:
+    assert NATIVE is not None
+    buffer = bytearray(200)
+    for positions, sizes in (([-1], [68]), ([150], [68]), ([0], [10])):
+        p, z = np.array(positions, dtype=np.int64), np.array(sizes, dtype=np.int64)
+        assert NATIVE.verify_records(buffer, p, z) == 0 == record.verify_records_py(buffer, p, z)
+
+
+@native
+@settings(max_examples=100)
+@given(st.binary(min_size=1, max_size=500), st.data())
+def test_gather_agrees_with_python(source: bytes, data: st.DataObject) -> None:
+    assert NATIVE is not None
+    slices = data.draw(st.lists(st.tuples(st.integers(0, len(source)), st.integers(0, 50)),
+                                max_size=10))  # fmt: skip
+    slices = [(start, min(length, len(source) - start)) for start, length in slices]
+    starts = np.array([a for a, _ in slices], dtype=np.int64)
+    lengths = np.array([n for _, n in slices], dtype=np.int64)
+    outs = []
+    for run in (NATIVE.gather, record.gather_py):
+        out = bytearray(int(lengths.sum()))
+        run(source, starts, lengths, out)
+        outs.append(bytes(out))
+    assert outs[0] == outs[1] == b"".join(source[a : a + n] for a, n in slices)
+    with pytest.raises(ValueError):
+        NATIVE.gather(source, np.array([len(source)], np.int64), np.array([1], np.int64),
+                      bytearray(1))  # fmt: skip
+
+
+@native
+def test_encode_into_refuses_inconsistent_lengths() -> None:
+    """A caller bug (a size that does not add up, or no room) is a ValueError, and the
+    buffer is untouched."""
+    assert NATIVE is not None
+    buffer = bytearray(200)
+    with pytest.raises(ValueError):
+        NATIVE.encode_into(buffer, 0, 0, 99, 0, 0, 0, 0, 0, b"t", b"", b"", b"", b"abc")
+    with pytest.raises(ValueError):
+        NATIVE.encode_into(buffer, 150, 0, 72, 0, 0, 0, 0, 0, b"t", b"", b"", b"", b"abc")
+    assert buffer == bytearray(200)
+
+
+_ROUND_TRIP = """
+import sys
+from commitlog.native import NATIVE
+from mqstore import MessageStore, StoreConfig
+assert (NATIVE is None) == (sys.argv[2] == "pure"), NATIVE
+with MessageStore.open(sys.argv[1], StoreConfig(prewarm=False)) as store:
+    if "t" not in store.list_topics():
+        store.create_topic("t", partitions=1)
+    before = store.max_offset("t", 0)
+    got = [bytes(m.body) for m in store.get("t", 0, 0, 10_000)]
+    assert got == [b"m%d" % i for i in range(before)], got[-3:]
+    store.put("t", 0, b"m%d" % before)
+    store.put_batch("t", 0, [b"m%d" % (before + 1 + i) for i in range(50)])
+"""
+
+
+@native
+def test_files_written_by_c_read_by_python_and_back(tmp_path) -> None:
+    """The two implementations write one format: alternate writers on one store."""
+    env_pure = {**os.environ, "MQSTORE_PURE_PYTHON": "1"}
+    env_pure.pop("MQSTORE_REQUIRE_NATIVE", None)
+    env_c = {k: v for k, v in os.environ.items() if k != "MQSTORE_PURE_PYTHON"}
+    for env, mode in ((env_c, "c"), (env_pure, "pure"), (env_c, "c"), (env_pure, "pure")):
+        subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(tmp_path), mode], env=env,
+                       check=True, timeout=120)  # fmt: skip
