@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, Final, NamedTuple, Protocol
 
 import numpy as np
@@ -41,6 +42,8 @@ from commitlog.record import (
     read_prefix,
     tag_hash,
 )
+from consumequeue.queue_store import ConsumeQueueStore
+from consumequeue.tail_writer import TailWriter
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 
@@ -152,6 +155,8 @@ class Dispatcher:
     ) -> None:
         self._commitlog = commitlog
         self._queues = queues
+        # The fast path for one-unit-per-queue rounds (many queues); the real store only.
+        self._tail = TailWriter(queues) if isinstance(queues, ConsumeQueueStore) else None
         self._index = index
         self._sync_mode = sync_mode
         self._uses_create_time = uses_create_time
@@ -196,6 +201,8 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join()
         self.dispatch_available()
+        if self._tail is not None:
+            self._tail.detach_all()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -278,40 +285,58 @@ class Dispatcher:
 
     def _dispatch_until(self, end: int) -> int:
         groups: dict[tuple[str, int], _Group] = {}
+        singles: list[tuple[Any, ...]] = []  # one-record feed entries for the TailWriter
         keyed: list[tuple[str, list[str], int, int]] = []
         if self._work_end < end:
             self._refill()
         position, store_ts_ms, count = self._position, 0, 0
         work = self._work
-        while work and position < end:
-            item = work[0]
-            if type(item) is _ReadLog:
-                stop = min(item.stop, end)
-                position, stamp, parsed = self._parse(
-                    max(item.start, position), stop, groups, keyed
-                )
-                count += parsed
-                store_ts_ms = stamp or store_ts_ms
-                if position >= item.stop:
-                    work.popleft()
-                continue
-            if type(item) is BatchFeed:
-                item_end = int(item.positions[-1] + item.sizes[-1])
-                if item_end > end:
-                    break
-                self._add_batch(item, groups, keyed)
-                count += len(item.positions)
-            else:
-                item_end = item[0] + item[1]
-                if item_end > end:
-                    break
-                self._add_record(item, groups, keyed)
-                count += 1
-            store_ts_ms = item[6] if type(item) is not BatchFeed else item.store_ts_ms
-            position = item_end
-            work.popleft()
+        tail = self._tail
         try:
-            self._write_groups(groups, keyed)
+            while work and position < end:
+                item = work[0]
+                kind = type(item)
+                if kind is _ReadLog or kind is BatchFeed:
+                    if singles:  # per-queue order: what came before is written first
+                        self._write_singles(singles, keyed)
+                        singles = []
+                    if kind is _ReadLog:
+                        stop = min(item.stop, end)
+                        position, stamp, parsed = self._parse(
+                            max(item.start, position), stop, groups, keyed
+                        )
+                        count += parsed
+                        store_ts_ms = stamp or store_ts_ms
+                        if position >= item.stop:
+                            work.popleft()
+                        continue
+                    item_end = int(item.positions[-1] + item.sizes[-1])
+                    if item_end > end:
+                        break
+                    self._add_batch(item, groups, keyed)
+                    count += len(item.positions)
+                    store_ts_ms = item.store_ts_ms
+                else:
+                    item_end = item[0] + item[1]
+                    if item_end > end:
+                        break
+                    if tail is None:
+                        self._add_record(item, groups, keyed)
+                    else:
+                        if groups:
+                            self._write_groups(groups)
+                            groups = {}
+                        singles.append(item)
+                    count += 1
+                    store_ts_ms = item[6]
+                position = item_end
+                work.popleft()
+            if singles:
+                self._write_singles(singles, keyed)
+            self._write_groups(groups)
+            if keyed:
+                topics, keys, offsets_, stamps = zip(*keyed, strict=True)
+                self._index.put_batch(topics, keys, offsets_, stamps)
         except BaseException:
             # The items taken above were not all written (a full disk...): read them
             # again from the log next round; ConsumeQueue and index writes are idempotent.
@@ -325,6 +350,55 @@ class Dispatcher:
         self.rounds += 1
         self.dispatched_records += count
         return count
+
+    def _write_singles(
+        self, singles: list[tuple[Any, ...]], keyed: list[tuple[str, list[str], int, int]]
+    ) -> None:
+        """One-record feed entries, in log order, through the TailWriter: columns are
+        built with C-level zips and maps, so the per-record Python work is small."""
+        tail = self._tail
+        assert tail is not None
+        count = len(singles)
+        positions, sizes, topics, queue_ids, queue_offsets, born, stored, tags, keys = zip(
+            *singles, strict=True
+        )
+        slots = np.fromiter(
+            map(tail.slots.get, zip(topics, queue_ids, strict=True), repeat(-1)),
+            dtype=np.int32,
+            count=count,
+        )
+        if slots.min() < 0:
+            for index in np.flatnonzero(slots < 0).tolist():
+                slots[index] = tail.slot_of(topics[index], queue_ids[index])
+        if any(tags):
+            tag_hash_ = self._tag_hash
+            tag_codes = np.fromiter(
+                (tag_hash_(tag) if tag else 0 for tag in tags), dtype=np.int64, count=count
+            )
+        else:
+            tag_codes = np.zeros(count, dtype=np.int64)
+        create = {topic: self._uses_create_time(topic) for topic in set(topics)}
+        if not any(create.values()):
+            times = np.array(stored, dtype=np.int64)
+        elif all(create.values()):
+            times = np.array(born, dtype=np.int64)
+        else:
+            mask = np.fromiter(map(create.__getitem__, topics), dtype=bool, count=count)
+            times = np.where(mask, np.array(born, np.int64), np.array(stored, np.int64))
+        tail.write(
+            slots,
+            np.array(queue_offsets, dtype=np.int64),
+            np.array(positions, dtype=np.int64),
+            np.array(sizes, dtype=np.int32),
+            tag_codes,
+            times,
+        )
+        if any(keys):
+            for index, raw in enumerate(keys):
+                if raw:
+                    keyed.append(
+                        (topics[index], list(decode_keys(raw)), positions[index], stored[index])
+                    )
 
     def _group(self, groups: dict[tuple[str, int], _Group], topic: str, queue_id: int,
                queue_offset: int) -> _Group:  # fmt: skip
@@ -368,8 +442,8 @@ class Dispatcher:
                     (item.topic, list(decode_keys(entry[3])), int(positions[index]), store_ts)
                 )
 
-    def _write_groups(self, groups: dict[tuple[str, int], _Group],
-                      keyed: list[tuple[str, list[str], int, int]]) -> None:  # fmt: skip
+    def _write_groups(self, groups: dict[tuple[str, int], _Group]) -> None:
+        tail = self._tail
         for (topic, queue_id), group in groups.items():
             queue = self._queues.queue(topic, queue_id)
             if not group.chunks and len(group.offsets) <= SMALL_GROUP_UNITS:
@@ -378,12 +452,11 @@ class Dispatcher:
                 for unit in zip(group.offsets, group.sizes, group.tags, group.times, strict=True):
                     queue.put(queue_offset, *unit)
                     queue_offset += 1
-                continue
-            offsets, sizes, tags, times = group.columns()
-            queue.put_batch(group.first_queue_offset, offsets, sizes, tags, times)
-        if keyed:
-            topics, keys, offsets_, stamps = zip(*keyed, strict=True)
-            self._index.put_batch(topics, keys, offsets_, stamps)
+            else:
+                offsets, sizes, tags, times = group.columns()
+                queue.put_batch(group.first_queue_offset, offsets, sizes, tags, times)
+            if tail is not None:
+                tail.forget(topic, queue_id)  # its row no longer points at the tail
 
     def _parse(
         self,

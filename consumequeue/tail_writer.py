@@ -1,0 +1,223 @@
+"""Appending ConsumeQueue units for many queues in one call: the dispatcher's fast path.
+
+Why: with thousands of queues each dispatch round holds about one unit per queue, and
+``ConsumeQueue.put`` (validation, lock, file look-up, two struct writes) costs about
+15 us per unit in Python; a store of 4,096 partitions then dispatches 12x slower than
+one of a single partition. Here a round's units go to C (``write_units`` in
+commitlog/_native.c) in one call.
+
+How: every queue the dispatcher writes gets a slot, a row of a table holding the raw
+addresses of its last unit and time files, its max offset, the end of the disk space
+reserved ahead of it and its last commitlog offset (columns ``TAIL_*``). ``write``
+hands the table and the round's columns to C, which appends each unit that is the next
+of an attached row and fits its reserved space, and stops at the first that is not.
+That unit goes through ``ConsumeQueue.put`` (new file, reservation, a re-put after
+recovery, an error to raise), then its row is attached again, and C goes on.
+
+Invariants:
+
+- Every row's files are held by reference (``_refs``) while attached, so its mapping
+  cannot be unmapped under C; and the table is dropped whenever the shared FileCache's
+  ``generation`` moves (a mapping left the cache, a queue dropped units), so a row
+  never addresses a mapping the cache no longer accounts for (descriptor bound, dirty
+  tracking). With more queues than half the cache holds, no row is attached at all:
+  the fast path would only thrash, and every unit takes ``ConsumeQueue.put``.
+- After each C call, the queues it wrote are told their new max offset and last
+  commitlog offset, and their files are marked dirty (for the next flush), under the
+  store lock, before anything else can look at them.
+- Units are appended in the order given; the caller passes each queue's units in
+  queue-offset order (as the CommitLog wrote them).
+- Without the C module, ``write`` is a loop of ``ConsumeQueue.put``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from commitlog.native import NATIVE
+from consumequeue.consume_queue import ConsumeQueue
+from consumequeue.format import UNIT, times_position_bytes
+from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile
+from consumequeue.queue_store import ConsumeQueueStore
+
+__all__ = ["TailWriter"]
+
+# Columns of the slot table (commitlog/_native.c, enum TAIL_*).
+_UNITS_ADDR: Final = 0
+_TIMES_ADDR: Final = 1
+_BLOCKS_ADDR: Final = 2
+_INTERVAL: Final = 3
+_FILE_FIRST: Final = 4
+_NEXT: Final = 5
+_LIMIT: Final = 6
+_LAST_CLOG: Final = 7
+_COLUMNS: Final = 8
+assert NATIVE is None or NATIVE.TAIL_COLUMNS == _COLUMNS
+assert UNIT.fields is not None
+assert [UNIT.fields[name][1] for name in ("commitlog_offset", "size", "tag_hash")] == [0, 8, 12]
+assert UNIT.itemsize == 20
+
+
+class TailWriter:
+    """Appends units to the tails of a store's ConsumeQueues (writer side only).
+
+    Thread safety: ``write`` holds the store's ConsumeQueue lock; one caller at a time
+    (the dispatcher)."""
+
+    def __init__(self, queues: ConsumeQueueStore) -> None:
+        self._store = queues
+        self._ctx = queues._ctx
+        self._slots: dict[tuple[str, int], int] = {}
+        self._queues: list[ConsumeQueue] = []
+        self._refs: list[tuple[MappedUnitFile, MappedTimeFile] | None] = []
+        self._table = np.zeros((64, _COLUMNS), dtype=np.int64)
+        self._generation = -1
+
+    def slot_of(self, topic: str, queue_id: int) -> int:
+        """The slot of a queue (given one on first use)."""
+        slot = self._slots.get((topic, queue_id))
+        if slot is None:
+            slot = self._add_slot(topic, queue_id)
+        return slot
+
+    @property
+    def slots(self) -> dict[tuple[str, int], int]:
+        """Slots by (topic, queue id), for callers that look many up at once."""
+        return self._slots
+
+    def _add_slot(self, topic: str, queue_id: int) -> int:
+        queue = self._store.queue(topic, queue_id)  # validates
+        slot = len(self._queues)
+        self._queues.append(queue)
+        self._refs.append(None)
+        if slot == len(self._table):
+            grown = np.zeros((2 * len(self._table), _COLUMNS), dtype=np.int64)
+            grown[:slot] = self._table
+            self._table = grown
+        self._slots[(topic, queue_id)] = slot
+        return slot
+
+    def write(
+        self,
+        slots: np.ndarray,
+        queue_offsets: np.ndarray,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+        timestamps_ms: np.ndarray,
+    ) -> None:
+        """Append unit i (``queue_offsets[i]``, ...) to the queue of ``slots[i]``.
+
+        Arrays: int32 slots and sizes, int64 for the rest, one length. Units already
+        stored are checked and skipped as ``ConsumeQueue.put`` does (idempotent).
+
+        Raises:
+            The errors of ``ConsumeQueue.put``, for the first unit that fails; the
+            units before it are written.
+        """
+        count = len(slots)
+        if NATIVE is None:
+            for index in range(count):
+                self._queues[int(slots[index])].put(
+                    int(queue_offsets[index]), int(commitlog_offsets[index]),
+                    int(sizes[index]), int(tag_hashes[index]), int(timestamps_ms[index]),
+                )  # fmt: skip
+            return
+        write_units = NATIVE.write_units
+        with self._ctx.lock:
+            if self._generation != self._ctx.cache.generation:
+                self._detach_all()
+            start = 0
+            while True:
+                stop = write_units(
+                    self._table, slots, queue_offsets, commitlog_offsets, sizes,
+                    tag_hashes, timestamps_ms, start,
+                )  # fmt: skip
+                if stop > start:
+                    self._publish(slots[start:stop])
+                if stop == count:
+                    return
+                slot = int(slots[stop])
+                self._queues[slot].put(
+                    int(queue_offsets[stop]), int(commitlog_offsets[stop]), int(sizes[stop]),
+                    int(tag_hashes[stop]), int(timestamps_ms[stop]),
+                )  # fmt: skip
+                if self._generation != self._ctx.cache.generation:
+                    self._detach_all()
+                self._attach(slot)
+                start = stop + 1
+
+    def forget(self, topic: str, queue_id: int) -> None:
+        """Detach a queue's row: it was written some other way (``put_batch``)."""
+        slot = self._slots.get((topic, queue_id))
+        if slot is not None:
+            self._table[slot, _UNITS_ADDR] = 0
+            self._refs[slot] = None
+
+    def detach_all(self) -> None:
+        """Let go of every file (before the queues change behind the dispatcher's
+        back: close, truncation)."""
+        with self._ctx.lock:
+            self._detach_all()
+
+    # ----------------------------------------------------------------- internals
+
+    def _publish(self, written: np.ndarray) -> None:
+        """Tell the queues C wrote to their new tails, and mark their files dirty."""
+        touched = np.unique(written)
+        rows = self._table[touched][:, (_NEXT, _LAST_CLOG)].tolist()
+        queues, refs = self._queues, self._refs
+        for slot, (next_offset, last_clog) in zip(touched.tolist(), rows, strict=True):
+            queue = queues[slot]
+            queue._max_offset = next_offset
+            queue._last_commitlog_offset = last_clog
+            files = refs[slot]
+            assert files is not None
+            files[0].dirty = True
+            files[1].dirty = True
+
+    def _detach_all(self) -> None:
+        self._table[:, _UNITS_ADDR] = 0
+        self._refs = [None] * len(self._refs)
+        self._generation = self._ctx.cache.generation
+
+    def _attach(self, slot: int) -> None:
+        """Point the slot's row at its queue's current last file, when the next unit
+        goes there (else leave it detached: the next unit takes the slow path)."""
+        row = self._table[slot]
+        row[_UNITS_ADDR] = 0
+        self._refs[slot] = None
+        cache = self._ctx.cache
+        if len(self._queues) * 2 > cache.max_open_files or self._ctx.closed:
+            return
+        queue = self._queues[slot]
+        upf = queue._upf
+        next_offset = queue._max_offset
+        file_index, unit_in_file = divmod(next_offset, upf)
+        if queue._first_offset == next_offset or file_index >= queue._file_hi:
+            return  # empty queue, or the next unit opens a file: ConsumeQueue.put does it
+        units = queue._files.units(file_index, for_write=True)
+        times = queue._files.times(file_index, for_write=True)
+        units.ensure_allocated(unit_in_file + 1)
+        times.ensure_allocated(unit_in_file + 1)
+        if self._generation != cache.generation:
+            # Mapping these files evicted others: every other row may be stale.
+            self._detach_all()
+        reserved = min(
+            units.allocated_bytes // UNIT.itemsize,
+            (times.allocated_bytes - times_position_bytes()) // 8,
+            upf,
+        )
+        times_addr = times.times.ctypes.data
+        row[_TIMES_ADDR] = times_addr
+        row[_BLOCKS_ADDR] = times_addr - times_position_bytes() + times._block_max_position
+        row[_INTERVAL] = times.interval_units
+        row[_FILE_FIRST] = file_index * upf
+        row[_NEXT] = next_offset
+        row[_LIMIT] = file_index * upf + reserved
+        last = queue._last_commitlog_offset
+        row[_LAST_CLOG] = -1 if last is None else last
+        self._refs[slot] = (units, times)
+        row[_UNITS_ADDR] = units.units.ctypes.data  # last: attaches the row

@@ -1,0 +1,186 @@
+"""TailWriter (the dispatcher's many-queue fast path) against ConsumeQueue.put: the
+same units written either way leave byte-identical files, through file rolls, map
+cache evictions, re-puts of stored units, truncations and reopening."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from commitlog.errors import CorruptDataError
+from commitlog.native import NATIVE
+from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from consumequeue.tail_writer import TailWriter
+
+TOPIC = "t"
+
+# An operation: ("write", [queue ids of the next units, in order]) appends one unit to
+# each listed queue; ("reput", queue, back) re-puts its unit `back` below the tail;
+# ("truncate", queue, back) drops its last `back` units.
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.lists(st.integers(0, 3), min_size=1, max_size=30)),
+        st.tuples(st.just("reput"), st.integers(0, 3), st.integers(1, 5)),
+        st.tuples(st.just("truncate"), st.integers(0, 3), st.integers(1, 5)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+class _Model:
+    """The units each queue holds; commitlog offsets grow across the whole log."""
+
+    def __init__(self) -> None:
+        self.units: dict[int, list[tuple[int, int, int, int]]] = {}
+        self.clog = 1000
+
+    def next_units(self, queues: list[int]) -> list[tuple[int, int, int, int, int, int]]:
+        out = []
+        for queue in queues:
+            held = self.units.setdefault(queue, [])
+            self.clog += 97
+            unit = (self.clog, 90 + len(held) % 7, (len(held) * 31) % 5 - 2, 5000 + self.clog % 13)
+            out.append((queue, len(held), *unit))
+            held.append(unit)
+        return out
+
+
+def _files(root: str) -> dict[str, bytes]:
+    found = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as file:
+                found[os.path.relpath(path, root)] = file.read()
+    return found
+
+
+def _run(tmp_path: str, ops: list, max_open_files: int, chunked: bool) -> None:
+    config = ConsumeQueueConfig(
+        units_per_file=8, max_open_files=max_open_files, time_index_interval_units=3
+    )
+    fast_root, slow_root = os.path.join(tmp_path, "fast"), os.path.join(tmp_path, "slow")
+    fast = ConsumeQueueStore.open(fast_root, config)
+    slow = ConsumeQueueStore.open(slow_root, config)
+    tail = TailWriter(fast)
+    model = _Model()
+    try:
+        for op in ops:
+            if op[0] == "write":
+                units = model.next_units(op[1])
+                columns = list(zip(*units, strict=True))
+                slots = np.array([tail.slot_of(TOPIC, q) for q in columns[0]], dtype=np.int32)
+                arrays = (
+                    slots,
+                    np.array(columns[1], dtype=np.int64),
+                    np.array(columns[2], dtype=np.int64),
+                    np.array(columns[3], dtype=np.int32),
+                    np.array(columns[4], dtype=np.int64),
+                    np.array(columns[5], dtype=np.int64),
+                )
+                if chunked:  # one call per unit, as rounds of one record would do
+                    for i in range(len(units)):
+                        tail.write(*(array[i : i + 1] for array in arrays))
+                else:
+                    tail.write(*arrays)
+                for queue, offset, clog, size, tag, stamp in units:
+                    slow.queue(TOPIC, queue).put(offset, clog, size, tag, stamp)
+            else:
+                _, queue, back = op
+                held = model.units.get(queue, [])
+                if len(held) < back:
+                    continue
+                if op[0] == "reput":
+                    offset = len(held) - back
+                    clog, size, tag, stamp = held[offset]
+                    slot = np.array([tail.slot_of(TOPIC, queue)], dtype=np.int32)
+                    tail.write(slot, *(np.array([v], dtype=np.int64) for v in (offset, clog)),
+                               np.array([size], dtype=np.int32),
+                               *(np.array([v], dtype=np.int64) for v in (tag, stamp)))  # fmt: skip
+                    slow.queue(TOPIC, queue).put(offset, clog, size, tag, stamp)
+                else:
+                    for store in (fast, slow):
+                        store.queue(TOPIC, queue).truncate(len(held) - back)
+                    del held[len(held) - back :]
+            for queue, held in model.units.items():
+                for store in (fast, slow):
+                    assert store.queue(TOPIC, queue).max_offset == len(held)
+        for queue, held in model.units.items():
+            if held:
+                parts, offset = [], 0
+                while offset < len(held):  # get_range stops at a file's end
+                    parts.append(fast.queue(TOPIC, queue).get_range(offset, len(held) - offset))
+                    offset += len(parts[-1])
+                got = np.concatenate(parts)
+                assert got["commitlog_offset"].tolist() == [u[0] for u in held]
+                assert got["size"].tolist() == [u[1] for u in held]
+                assert got["tag_hash"].tolist() == [u[2] for u in held]
+        fast.flush()
+        slow.flush()
+    finally:
+        tail.detach_all()
+        fast.close()
+        slow.close()
+    fast_files, slow_files = _files(fast_root), _files(slow_root)
+    assert fast_files.keys() == slow_files.keys()
+    for name, data in fast_files.items():
+        assert data == slow_files[name], name
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_ops, max_open_files=st.sampled_from([2, 4, 9, 64]), chunked=st.booleans())
+def test_tail_writer_writes_what_put_writes(tmp_path_factory, ops, max_open_files, chunked) -> None:
+    _run(str(tmp_path_factory.mktemp("tail")), ops, max_open_files, chunked)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the fast path needs commitlog._native")
+def test_rows_attach_and_take_the_fast_path(tmp_path) -> None:
+    """With few queues the rows attach: after the first unit of a file, later units
+    of that file do not go through ConsumeQueue.put."""
+    store = ConsumeQueueStore.open(
+        str(tmp_path), ConsumeQueueConfig(units_per_file=1000, max_open_files=64)
+    )
+    tail = TailWriter(store)
+    calls = []
+    queue = store.queue(TOPIC, 0)
+    original = type(queue).put
+
+    def counting_put(self, *args):
+        calls.append(args[0])
+        return original(self, *args)
+
+    try:
+        type(queue).put = counting_put  # type: ignore[method-assign]
+        slot = tail.slot_of(TOPIC, 0)
+        for offset in range(100):
+            tail.write(np.array([slot], np.int32), np.array([offset]), np.array([10 + offset]),
+                       np.array([5], np.int32), np.array([0]), np.array([7]))  # fmt: skip
+    finally:
+        type(queue).put = original  # type: ignore[method-assign]
+        tail.detach_all()
+        store.close()
+    assert calls == [0]  # the first unit creates the file and attaches the row; C does the rest
+
+
+def test_a_conflicting_unit_is_refused_by_put(tmp_path) -> None:
+    """A unit that differs from the stored one at its offset still raises, as put does."""
+    store = ConsumeQueueStore.open(str(tmp_path), ConsumeQueueConfig(units_per_file=100))
+    tail = TailWriter(store)
+    slot = np.array([tail.slot_of(TOPIC, 0)] * 3, np.int32)
+    try:
+        tail.write(slot, np.arange(3), np.array([10, 20, 30]), np.full(3, 5, np.int32),
+                   np.zeros(3, np.int64), np.full(3, 9))  # fmt: skip
+        with pytest.raises(CorruptDataError):
+            tail.write(slot[:1], np.array([1]), np.array([21]), np.array([5], np.int32),
+                       np.array([0]), np.array([9]))  # fmt: skip
+        assert store.queue(TOPIC, 0).max_offset == 3
+    finally:
+        tail.detach_all()
+        store.close()
