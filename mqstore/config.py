@@ -81,6 +81,9 @@ class StoreConfig:
     # Dispatch and checkpoint
     dispatch_interval_ms: int = attrs.field(default=1, validator=_int(1, 1_000))
     checkpoint_interval_ms: int = attrs.field(default=1_000, validator=_int(10, 600_000))
+    # Spool files other processes leave in <root>/inbox are appended this often
+    # (mqstore.inbox): the delay before a Spark task's spooled rows become readable.
+    inbox_interval_ms: int = attrs.field(default=500, validator=_int(10, 600_000))
     # Topics created implicitly by put() use this timestamp type.
     default_timestamp_type: TimestampType = attrs.field(
         default="CreateTime", validator=_as_config_error(v.in_(("CreateTime", "LogAppendTime")))

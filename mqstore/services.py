@@ -1,4 +1,4 @@
-"""Periodic jobs of a store (checkpoint, retention), scheduled with apscheduler.
+"""Periodic jobs of a store (checkpoint, retention, inbox), scheduled with apscheduler.
 
 Each job runs on one worker thread, never overlaps itself (max_instances=1), and
 coalesces missed runs: a slow checkpoint delays the next one instead of piling up.
@@ -17,7 +17,7 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
-WORKERS = 2  # checkpoint and retention may run at once; nothing else is scheduled
+WORKERS = 3  # checkpoint, retention and inbox may run at once; nothing else is scheduled
 
 
 class Scheduler:

@@ -11,6 +11,7 @@ On disk (one store = one directory)::
     <root>/consumequeue/ per topic and queue
     <root>/index/        key index files
     <root>/offsets/      committed consumer offsets (the Kafka-style adapter)
+    <root>/inbox/        spool files other processes hand to the writer (mqstore.inbox)
 
 Open (writer): take the lock, mark ``abort``, load the checkpoint, recover the
 CommitLog from min(flushed, dispatched), truncate ConsumeQueue units and index
@@ -54,6 +55,7 @@ from indexfile import IndexConfig, IndexService
 from mqstore import retention
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
+from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.message import Message, PutResult
 from mqstore.services import Scheduler
 from mqstore.topics import TopicRegistry
@@ -94,6 +96,7 @@ class MessageStore(CommitLogEngine):
         self.recovered_from_crash = False
         self._rebuild_derived = False
         self._retention: retention.RetentionService | None = None
+        self.inbox: Inbox | None = None  # writers only: appends other processes' spool files
         self._clock_ms: Callable[[], int] = _wall_clock_ms
         self._disk_usage: Callable[[], float] = _no_disk_usage
         self.open_ms = 0.0
@@ -266,6 +269,14 @@ class MessageStore(CommitLogEngine):
         self._scheduler.every_ms(
             config.retention_check_interval_ms, self.run_retention, "retention"
         )
+        commitlog = self.commitlog
+        self.inbox = Inbox(
+            os.path.join(self.root, INBOX_DIR),
+            self,
+            sync=lambda: commitlog.flush_to(commitlog.write_position),
+            clock_ms=self._clock_ms,
+        )
+        self._scheduler.every_ms(config.inbox_interval_ms, self.inbox.ingest, "inbox")
         self._scheduler.start()
 
     def run_retention(self) -> retention.RetentionReport:

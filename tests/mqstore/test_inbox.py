@@ -1,0 +1,307 @@
+"""The inbox: spool files appended by the store's writer once, quarantine of bad
+files, progress after a failed append, a writer SIGKILLed mid-ingest, and a live
+writer process ingesting what another process spools while it holds the lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from mqstore import (
+    CorruptDataError,
+    DiskFullError,
+    MessageStore,
+    StoreConfig,
+    StoreLockedError,
+)
+from mqstore.inbox import INBOX_DIR, LEDGER_NAME, QUARANTINE_DIR, SpoolRejectedError
+from mqstore.spool import SPOOL_SUFFIX, CorruptSpoolError, SpoolWriter
+from tests.mqstore.conftest import SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = {**SMALL, "inbox_interval_ms": 600_000}  # ingest only when the test says so
+DEADLINE_S = 30.0
+
+
+def _spool(root, name, blocks):
+    """Write one spool file into the store's inbox, as a locked-out Spark task does."""
+    directory = os.path.join(root, INBOX_DIR)
+    os.makedirs(directory, exist_ok=True)
+    with SpoolWriter(os.path.join(directory, name + SPOOL_SUFFIX), max_bytes=1 << 30) as w:
+        for topic, partition, values, extra in blocks:
+            w.add_block(topic, partition, values, **extra)
+        w.commit()
+
+
+def _values(store, topic):
+    out = []
+    for partition in range(store.describe_topic(topic).partitions):
+        offset = store.earliest_offset(topic, partition)
+        while records := store.read_records(topic, partition, offset, 1000):
+            out.extend(r.value for r in records)
+            offset = records[-1].offset + 1
+    return out
+
+
+def _inbox_names(root):
+    return sorted(n for n in os.listdir(os.path.join(root, INBOX_DIR)) if n != QUARANTINE_DIR)
+
+
+def test_ingest_appends_each_file_once_with_keys_headers_and_timestamps(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 2)
+        blocks = [
+            ("out", 0, [b"a", b"b"], {"timestamps_ms": [1000, 2000]}),
+            ("out", 1, [b"c", None], {"keys": [b"k", None], "headers": [[("h", b"1")], []]}),
+        ]
+        _spool(root, "task-0", blocks)
+        assert store.inbox is not None
+        report = store.inbox.ingest()
+        assert (report.files, report.rows, report.skipped, report.pending) == (1, 4, 0, 0)
+        assert _inbox_names(root) == [LEDGER_NAME]  # the file is gone, the ledger stays
+        first = store.read_records("out", 0, 0, 10)
+        assert [(r.value, r.timestamp_ms) for r in first] == [(b"a", 1000), (b"b", 2000)]
+        second = store.read_records("out", 1, 0, 10)
+        assert [(r.key, r.value, r.headers) for r in second] == [
+            (b"k", b"c", [("h", b"1")]),
+            (None, None, []),
+        ]
+        _spool(root, "task-0", blocks)  # a retried task rewrites the same name
+        report = store.inbox.ingest()
+        assert (report.files, report.rows, report.skipped) == (0, 0, 1)
+        assert Counter(_values(store, "out")) == Counter([b"a", b"b", b"c", None])
+        assert _inbox_names(root) == [LEDGER_NAME]
+
+
+def test_the_scheduled_job_ingests_while_the_store_is_open(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**{**SMALL, "inbox_interval_ms": 20})) as store:
+        store.create_topic("out", 1)
+        _spool(root, "task-0", [("out", 0, [b"x%d" % i for i in range(100)], {})])
+        assert store.wait_for("out", 0, 99, int(DEADLINE_S * 1000))
+        assert _values(store, "out") == [b"x%d" % i for i in range(100)]
+
+
+def test_a_corrupt_file_is_quarantined_with_a_typed_error(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        _spool(root, "bad", [("out", 0, [b"payload"] * 5, {})])
+        path = os.path.join(root, INBOX_DIR, "bad" + SPOOL_SUFFIX)
+        raw = bytearray(Path(path).read_bytes())
+        raw[-2] ^= 0x01
+        Path(path).write_bytes(bytes(raw))
+        _spool(root, "good", [("out", 0, [b"ok"], {})])
+        assert store.inbox is not None
+        report = store.inbox.ingest()
+        assert report.files == 1  # the good file still goes in
+        (quarantined,) = report.quarantined
+        assert quarantined.name == "bad" + SPOOL_SUFFIX
+        assert isinstance(quarantined.error, CorruptSpoolError)
+        assert isinstance(quarantined.error, CorruptDataError)  # the store's error root
+        assert _values(store, "out") == [b"ok"]
+        assert store.inbox.quarantined() == ["bad" + SPOOL_SUFFIX]
+        note_path = os.path.join(root, INBOX_DIR, QUARANTINE_DIR, "bad.spool.json")
+        with open(note_path, encoding="utf-8") as handle:
+            note = json.load(handle)
+        assert (note["error"], note["blocks_done"]) == ("CorruptSpoolError", 0)
+        assert Path(root, INBOX_DIR, QUARANTINE_DIR, "bad.spool").read_bytes() == bytes(raw)
+
+
+def test_a_file_for_a_missing_partition_is_rejected_before_any_append(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        _spool(root, "t", [("out", 0, [b"first"], {}), ("out", 5, [b"nowhere"], {})])
+        assert store.inbox is not None
+        (quarantined,) = store.inbox.ingest().quarantined
+        assert isinstance(quarantined.error, SpoolRejectedError)
+        assert "partition 5" in str(quarantined.error)
+        assert _values(store, "out") == []  # nothing of a refused file went in
+
+
+class _FailingStore:
+    """The real store, with put_batch failing with a full disk once at call ``fail_at``."""
+
+    def __init__(self, store, fail_at):
+        self.store = store
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def describe_topic(self, name):
+        return self.store.describe_topic(name)
+
+    def append_records(self, topic, partition, records):
+        return self.store.append_records(topic, partition, records)
+
+    def put_batch(self, topic, queue_id, bodies, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise DiskFullError("no space left on device")
+        return self.store.put_batch(topic, queue_id, bodies, **kwargs)
+
+
+def test_a_failed_append_resumes_from_the_recorded_block(tmp_path):
+    from mqstore.inbox import Inbox
+
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        blocks = [("out", 0, [b"b%d-%d" % (b, i) for i in range(3)], {}) for b in range(3)]
+        _spool(root, "t", blocks)
+        failing = _FailingStore(store, fail_at=2)
+        inbox = Inbox(os.path.join(root, INBOX_DIR), failing, sync=lambda: None)
+        with pytest.raises(DiskFullError):
+            inbox.ingest()
+        assert _values(store, "out") == [b"b0-0", b"b0-1", b"b0-2"]
+        assert _inbox_names(root) == [LEDGER_NAME, "t.spool"]  # kept for the retry
+        report = inbox.ingest()
+        assert (report.files, report.rows) == (1, 6)
+        expected = [b"b%d-%d" % (b, i) for b in range(3) for i in range(3)]
+        assert _values(store, "out") == expected  # block 0 was not appended twice
+
+
+def test_a_corrupt_ledger_stops_ingest_but_keeps_the_files(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        _spool(root, "t", [("out", 0, [b"x"], {})])
+        Path(root, INBOX_DIR, LEDGER_NAME).write_text('{"format": "mqstore-inbox-ledger"}')
+        assert store.inbox is not None
+        with pytest.raises(CorruptDataError, match="ledger"):
+            store.inbox.ingest()
+        assert "t.spool" in _inbox_names(root)
+        store.put("out", 0, b"the store itself keeps working")
+
+
+KILLER = """
+import os, signal, sys
+from mqstore import MessageStore, StoreConfig
+from mqstore import inbox as inbox_module
+
+root, point, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = MessageStore.open(root, StoreConfig(**CONFIG))
+calls = [0]
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "after_block":
+    put_batch = store.put_batch
+    def counted(*args, **kwargs):
+        result = put_batch(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == at:
+            die()
+        return result
+    store.put_batch = counted
+else:
+    mark_done = inbox_module._Ledger.mark_done
+    def counted(self, *args):
+        calls[0] += 1
+        if point == "before_ledger" and calls[0] == at:
+            die()
+        mark_done(self, *args)
+        if point == "after_ledger" and calls[0] == at:
+            die()
+    inbox_module._Ledger.mark_done = counted
+store.inbox.ingest()
+print("not killed")
+""".replace("CONFIG", repr(QUIET))
+
+FILES, BLOCKS, ROWS = 3, 2, 4
+
+
+def _expected(file, block):
+    return [b"f%d-b%d-r%d" % (file, block, row) for row in range(ROWS)]
+
+
+@pytest.mark.parametrize(
+    ("point", "at", "twice"),
+    [
+        ("after_block", 3, [(1, 0)]),  # file 1's first block went in, then the kill
+        ("before_ledger", 2, [(1, 0), (1, 1)]),  # all of file 1 went in, not its ledger entry
+        ("after_ledger", 2, []),  # file 1 is in the ledger, not yet deleted
+    ],
+)
+def test_writer_killed_mid_ingest_loses_nothing(tmp_path, point, at, twice):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 2)
+    for file in range(FILES):
+        blocks = [("out", block, _expected(file, block), {}) for block in range(BLOCKS)]
+        _spool(root, f"task-{file}", blocks)
+    child = subprocess.run(
+        [sys.executable, "-c", KILLER, root, point, str(at)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        assert store.recovered_from_crash
+        assert store.inbox is not None
+        store.inbox.ingest()
+        assert _inbox_names(root) == [LEDGER_NAME]
+        seen = Counter(_values(store, "out"))
+    expected = Counter()
+    for file in range(FILES):
+        for block in range(BLOCKS):
+            times = 2 if (file, block) in twice else 1
+            expected.update({value: times for value in _expected(file, block)})
+    assert seen == expected  # every row at least once; twice only where documented
+
+
+SERVICE = """
+import sys, time
+from mqstore import MessageStore, StoreConfig
+config = StoreConfig(**CONFIG)
+store = MessageStore.open(sys.argv[1], config)
+store.create_topic("events", 1)
+store.create_topic("out", 2)
+print("open", flush=True)
+i = 0
+while True:  # a live service: it produces until it is killed
+    store.put("events", 0, b"event-%d" % i)
+    i += 1
+    time.sleep(0.001)  # about a thousand events a second, not a busy loop
+""".replace("CONFIG", repr({**SMALL, "inbox_interval_ms": 20}))
+
+
+def test_a_live_writer_process_ingests_what_another_process_spools(tmp_path):
+    root = str(tmp_path / "s")
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, root], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert service.stdout is not None
+        assert service.stdout.readline().strip() == "open"
+        with pytest.raises(StoreLockedError):
+            MessageStore.open(root, StoreConfig(**SMALL))
+        for task in range(4):
+            blocks = [("out", task % 2, [b"t%d-%d" % (task, i) for i in range(50)], {})]
+            _spool(root, f"task-{task}", blocks)
+        reader = MessageStore.open(root, StoreConfig(**SMALL), read_only=True)
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while sum(reader.max_offset("out", p) for p in range(2)) < 200:
+                assert time.monotonic() < deadline, "the service did not ingest the spool"
+                time.sleep(0.02)
+            produced = reader.max_offset("events", 0)
+            assert reader.wait_for("events", 0, produced, int(DEADLINE_S * 1000))  # still live
+            values = Counter(_values(reader, "out"))
+        finally:
+            reader.close()
+        assert values == Counter(b"t%d-%d" % (t, i) for t in range(4) for i in range(50))
+        assert service.poll() is None
+        assert _inbox_names(root) == [LEDGER_NAME]
+    finally:
+        service.kill()
+        service.wait(10)

@@ -1,0 +1,176 @@
+"""Spool files: round trips, the crash policy of the writer, and corruption."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore import LimitExceededError
+from mqstore.spool import (
+    BLOCK_ROWS_MAX,
+    FILE_HEADER,
+    SPOOL_SUFFIX,
+    TMP_MARK,
+    CorruptSpoolError,
+    SpoolWriter,
+    read_spool,
+)
+
+MAX_BYTES = 1 << 30
+
+
+def _rows(block):
+    values = [None if v is None else bytes(v) for v in block.values]
+    keys = None if block.keys is None else [None if k is None else bytes(k) for k in block.keys]
+    return values, keys, block.timestamps_ms, block.headers
+
+
+def _write(path, blocks):
+    with SpoolWriter(str(path), max_bytes=MAX_BYTES) as writer:
+        for topic, partition, values, extra in blocks:
+            writer.add_block(topic, partition, values, **extra)
+        writer.commit()
+
+
+def test_round_trip_of_every_column_kind(tmp_path):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    _write(
+        path,
+        [
+            ("t", 0, [b"v0", None, b""], {}),
+            ("t", 3, [b"x"], {"timestamps_ms": [1_700_000_000_000]}),
+            (
+                "other",
+                1,
+                [b"a", b"b"],
+                {
+                    "keys": [b"k", None],
+                    "timestamps_ms": [None, 5],
+                    "headers": [[("h", b"1"), ("n", None)], []],
+                },
+            ),
+        ],
+    )
+    assert sorted(os.listdir(tmp_path)) == [f"a{SPOOL_SUFFIX}"]  # no temporary file left
+    with read_spool(str(path)) as spool:
+        assert spool.rows == 6
+        assert spool.destinations() == {("t", 0), ("t", 3), ("other", 1)}
+        blocks = list(spool.blocks())
+        assert [(b.topic, b.partition) for b in blocks] == [("t", 0), ("t", 3), ("other", 1)]
+        assert _rows(blocks[0]) == ([b"v0", None, b""], None, None, None)
+        assert _rows(blocks[1]) == ([b"x"], None, [1_700_000_000_000], None)
+        assert _rows(blocks[2]) == (
+            [b"a", b"b"],
+            [b"k", None],
+            [None, 5],
+            [[("h", b"1"), ("n", None)], []],
+        )
+        assert [b.topic for b in spool.blocks(2)] == ["other"]  # resume from a block
+
+
+row = st.tuples(
+    st.none() | st.binary(max_size=40),
+    st.none() | st.binary(max_size=10),
+    st.none() | st.integers(0, 2**62),
+    st.lists(st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=5)), max_size=3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(row, min_size=1, max_size=20), min_size=1, max_size=4))
+def test_round_trip_property(tmp_path_factory, blocks):
+    path = tmp_path_factory.mktemp("spool") / f"p{SPOOL_SUFFIX}"
+    with SpoolWriter(str(path), max_bytes=MAX_BYTES) as writer:
+        for i, rows in enumerate(blocks):
+            writer.add_block(
+                "t",
+                i,
+                [r[0] for r in rows],
+                keys=[r[1] for r in rows],
+                timestamps_ms=[r[2] for r in rows],
+                headers=[r[3] for r in rows],
+            )
+        writer.commit()
+    with read_spool(str(path)) as spool:
+        for rows, block in zip(blocks, spool.blocks(), strict=True):
+            values, keys, stamps, headers = _rows(block)
+            assert values == [r[0] for r in rows]
+            if block.keys is not None:
+                assert keys == [r[1] for r in rows]
+            else:
+                assert all(r[1] is None for r in rows)
+            assert (stamps or [None] * len(rows)) == [r[2] for r in rows]
+            assert (headers or [[]] * len(rows)) == [r[3] for r in rows]
+
+
+def test_a_writer_that_fails_leaves_no_spool_file(tmp_path):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    with pytest.raises(RuntimeError), SpoolWriter(str(path), max_bytes=MAX_BYTES) as writer:
+        writer.add_block("t", 0, [b"v"])
+        raise RuntimeError("task failed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_uncommitted_file_keeps_its_temporary_name(tmp_path):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    writer = SpoolWriter(str(path), max_bytes=MAX_BYTES)
+    writer.add_block("t", 0, [b"v"])
+    (name,) = os.listdir(tmp_path)
+    assert TMP_MARK in name
+    assert not name.endswith(SPOOL_SUFFIX)  # never taken by the inbox
+    writer.abort()
+    assert os.listdir(tmp_path) == []
+
+
+def test_size_limit_and_block_limit(tmp_path):
+    writer = SpoolWriter(str(tmp_path / f"a{SPOOL_SUFFIX}"), max_bytes=200)
+    with pytest.raises(LimitExceededError):
+        writer.add_block("t", 0, [b"x" * 300])
+    with pytest.raises(AssertionError):
+        writer.add_block("t", 0, [b"x"] * (BLOCK_ROWS_MAX + 1))
+    writer.abort()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip_payload", "truncate", "append", "magic", "block_count", "empty"],
+)
+def test_damaged_files_are_refused(tmp_path, damage):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    _write(path, [("t", 0, [b"value-%d" % i for i in range(10)], {"keys": [b"k"] * 10})])
+    raw = bytearray(path.read_bytes())
+    if damage == "flip_payload":
+        raw[FILE_HEADER.size + 30] ^= 0x10
+    elif damage == "truncate":
+        del raw[-3:]
+    elif damage == "append":
+        raw += b"\0"
+    elif damage == "magic":
+        raw[0] ^= 0xFF
+    elif damage == "block_count":
+        raw[8] = 2
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptSpoolError) as caught:
+        read_spool(str(path))
+    assert caught.value.path == str(path)
+
+
+def test_structure_is_checked_even_when_the_checksum_matches(tmp_path):
+    """A writer bug (lengths that overrun the block) is caught, not trusted."""
+    import xxhash
+
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    _write(path, [("t", 0, [b"abc", b"de"], {})])
+    raw = bytearray(path.read_bytes())
+    at = FILE_HEADER.size + 24 + 1  # first value length, after the block header and topic
+    raw[at : at + 4] = (4).to_bytes(4, "little")
+    payload = bytes(raw[FILE_HEADER.size :])
+    raw[24:32] = xxhash.xxh3_64_intdigest(payload).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptSpoolError, match="block holds"):
+        read_spool(str(path))
