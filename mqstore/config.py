@@ -81,6 +81,10 @@ class StoreConfig:
     # Dispatch and checkpoint
     dispatch_interval_ms: int = attrs.field(default=1, validator=_int(1, 1_000))
     checkpoint_interval_ms: int = attrs.field(default=1_000, validator=_int(10, 600_000))
+    # ConsumeQueue and index files are synced, and the dispatched position saved, this
+    # often (a power loss re-dispatches at most this much log; a killed process loses
+    # nothing either way, the page cache keeps the writes).
+    consumequeue_flush_interval_ms: int = attrs.field(default=10_000, validator=_int(10, 3_600_000))
     # Spool files other processes leave in <root>/inbox are appended this often
     # (mqstore.inbox): the delay before a Spark task's spooled rows become readable.
     inbox_interval_ms: int = attrs.field(default=500, validator=_int(10, 600_000))
