@@ -7,17 +7,32 @@ partitioner, round-robin for null keys), ``headers`` (array<struct<key:string,
 value:binary>>), ``timestamp`` (timestamp; CreateTime).
 
 The single-writer rule: the store has one writer, guarded by an flock on
-``<root>/lock``. Each write task opens the store AS the writer, appends its rows,
-closes (flush + checkpoint) and so releases the lock; tasks of one job take turns
-(a task waits up to ``lockTimeoutMs`` for the lock). If another process keeps the
-store open for writing (a running service), the task fails with StoreLockedError:
-write into a store that no service holds open, or feed the service another way.
+``<root>/lock``. A write task tries to take it (waiting up to ``lockTimeoutMs``,
+default 0):
 
-Delivery is at-least-once: a task that fails after appending is retried and
-appends again. Streaming adds an idempotent commit per batchId: ``commit`` records
-the batchId in ``<root>/spark-sinks/<sinkId>.json``, and a replayed batch whose id
-is already committed (a restart from a checkpoint that missed Spark's own commit)
-is skipped by every task.
+- free: the task opens the store AS the writer, appends the inbox's waiting spool
+  files first (so that earlier rows stay first), appends its rows, closes (flush +
+  checkpoint) and so releases the lock;
+- held (a running service, or a sibling task): the task writes its rows to one spool
+  file ``<root>/inbox/<sinkId>.<run>.p<partition>.spool`` (``mqstore.spool``: temp
+  name, fsync, rename), and the lock holder appends it (``mqstore.inbox``). The task
+  then waits up to ``spoolWaitMs`` (default 60 s) until the file is ingested, taking
+  the lock itself whenever it is free, so that in the usual case its rows are
+  readable when the task succeeds. If the wait times out the task still succeeds:
+  the rows are durable in the spool and become readable at the writer's next inbox
+  tick (``StoreConfig.inbox_interval_ms``), or when a writer next opens the store.
+  A file the writer refuses (unknown partition, corrupt) is quarantined and the task
+  fails with its typed error.
+
+``<run>`` is ``q<queryId>.b<batchId>`` when streaming, ``w<writeId>`` (one id per
+DataFrame write) otherwise. A retried task rewrites the same name: the ingest
+ledger appends a name once, so a retry after a successful spool adds nothing.
+
+Delivery is at-least-once: a task that fails after appending directly is retried
+and appends again. Streaming adds an idempotent commit per batchId: ``commit``
+records the batchId in ``<root>/spark-sinks/<sinkId>.json``, and a replayed batch
+whose id is already committed (a restart from a checkpoint that missed Spark's own
+commit) is skipped by every task.
 """
 
 from __future__ import annotations
@@ -26,6 +41,8 @@ import itertools
 import json
 import os
 import random
+import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -40,16 +57,22 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from commitlog.errors import InvalidArgumentError
+from commitlog.errors import InvalidArgumentError, UnknownTopicError
 from mqstore.atomic import write_json_atomically
 from mqstore.engine import ProducerRecord
+from mqstore.inbox import INBOX_DIR, QUARANTINE_DIR, SpoolRejectedError, pending_spools
 from mqstore.kafka import murmur2
-from mqstore.spark.store_access import open_writer
+from mqstore.spark.store_access import cached_reader, try_open_writer
+from mqstore.spool import BLOCK_ROWS_MAX, SPOOL_SUFFIX, SpoolWriter
 
-__all__ = ["BatchWriter", "StreamWriter", "WriteOptions", "WriteResult"]
+__all__ = ["BatchWriter", "StreamWriter", "WriteOptions", "WriteResult", "drain_inbox"]
 
-ROWS_PER_APPEND_MAX: Final = 8_192  # rows per put_batch: bounds the append-lock hold time
-LOCK_TIMEOUT_MS_DEFAULT: Final = 120_000  # tasks of one job queue for the writer lock
+ROWS_PER_APPEND_MAX: Final = BLOCK_ROWS_MAX  # rows per put_batch: bounds the append-lock hold
+LOCK_TIMEOUT_MS_DEFAULT: Final = 0  # a held lock means a live writer: spool at once
+SPOOL_WAIT_MS_DEFAULT: Final = 60_000  # a task waits this long for its spool to be ingested
+SPOOL_POLL_S: Final = 0.02  # how often a waiting task looks at the inbox and the lock
+SPOOL_FILE_BYTES_MAX: Final = 2 << 30  # one task's spool file; the ingest maps it, never reads it
+DRAIN_ROUNDS_MAX: Final = 8  # writer opens one hand-off may make while files keep arriving
 SINKS_DIR: Final = "spark-sinks"
 _COLUMNS: Final = ("value", "key", "topic", "partition", "headers", "timestamp")
 
@@ -60,6 +83,7 @@ class WriteOptions:
     topic: str | None
     sink_id: str
     lock_timeout_ms: int
+    spool_wait_ms: int
     columns: tuple[str, ...]
 
     @classmethod
@@ -79,24 +103,41 @@ class WriteOptions:
         topic = options.get("topic")
         if topic is None and "topic" not in names:
             raise InvalidArgumentError("give option topic or a topic column")
-        try:
-            timeout_ms = int(options.get("locktimeoutms", LOCK_TIMEOUT_MS_DEFAULT))
-        except ValueError:
-            raise InvalidArgumentError("option lockTimeoutMs must be an integer") from None
+        timeout_ms = _non_negative(options, "lockTimeoutMs", LOCK_TIMEOUT_MS_DEFAULT)
+        spool_wait_ms = _non_negative(options, "spoolWaitMs", SPOOL_WAIT_MS_DEFAULT)
         sink_id = str(options.get("sinkid") or f"topic-{topic or 'column'}")
         if not sink_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise InvalidArgumentError("option sinkId holds only [A-Za-z0-9._-]")
         return cls(
-            path=str(path), topic=topic, sink_id=sink_id, lock_timeout_ms=timeout_ms, columns=names
+            path=str(path),
+            topic=topic,
+            sink_id=sink_id,
+            lock_timeout_ms=timeout_ms,
+            spool_wait_ms=spool_wait_ms,
+            columns=names,
         )
+
+
+def _non_negative(options: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        value = int(options.get(name.lower(), default))
+    except ValueError:
+        raise InvalidArgumentError(f"option {name} must be an integer") from None
+    if value < 0:
+        raise InvalidArgumentError(f"option {name} must be >= 0")
+    return value
 
 
 @attrs.define
 class WriteResult(WriterCommitMessage):
-    """Rows appended per "topic/partition" by one task (skipped: a replayed batch)."""
+    """Rows written per "topic/partition" by one task (skipped: a replayed batch;
+    spooled: handed to the live writer through the inbox, ingested: readable when
+    the task ended)."""
 
     rows: dict[str, int]
     skipped: bool = False
+    spooled: bool = False
+    ingested: bool = True
 
 
 def _as_binary(column: pa.Array) -> pa.Array:
@@ -110,10 +151,12 @@ def _as_binary(column: pa.Array) -> pa.Array:
 
 
 class _Appender:
-    """Appends Arrow batches to an open store, grouped per (topic, partition)."""
+    """Appends Arrow batches, grouped per (topic, partition), to ``store``: the store
+    opened as the writer, or a ``_SpoolSink``. ``topics`` answers describe_topic."""
 
-    def __init__(self, store: Any, options: WriteOptions) -> None:
+    def __init__(self, store: Any, topics: Any, options: WriteOptions) -> None:
         self.store = store
+        self.topics = topics
         self.options = options
         self.rows: dict[str, int] = {}
         self._partitions: dict[str, int] = {}
@@ -130,7 +173,6 @@ class _Appender:
             assert self.options.topic is not None
             topic = self.options.topic
             partition = next(self._round_robin) % self._partition_count(topic)
-            self.store._partition(topic, partition)
             stamps_all = None
             if "timestamp" in names:
                 micros = batch.column("timestamp").cast(pa.int64())
@@ -180,7 +222,7 @@ class _Appender:
     def _partition_count(self, topic: str) -> int:
         count = self._partitions.get(topic)
         if count is None:
-            count = self.store.describe_topic(topic).partitions
+            count = self.topics.describe_topic(topic).partitions
             self._partitions[topic] = count
         return count
 
@@ -211,7 +253,8 @@ class _Appender:
         has_keys = keys is not None and any(keys[i] is not None for i in rows)
         has_headers = headers is not None and any(headers[i] for i in rows)
         if not has_keys and not has_headers:  # fast path: bodies straight into one batch
-            self.store._partition(topic, partition)  # the topic and partition must exist
+            if not 0 <= partition < self._partition_count(topic):  # as append_records checks
+                raise UnknownTopicError(f"topic {topic!r} has no partition {partition}")
             self.store.put_batch(
                 topic,
                 partition,
@@ -231,12 +274,128 @@ class _Appender:
         self.store.append_records(topic, partition, records)
 
 
-def _write(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
-    with open_writer(options.path, options.lock_timeout_ms) as store:
-        appender = _Appender(store, options)
+class _SpoolSink:
+    """The writer interface _Appender uses, writing blocks of one spool file (created
+    at the first block: an empty task leaves no file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.writer: SpoolWriter | None = None
+
+    def _writer(self) -> SpoolWriter:
+        if self.writer is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.writer = SpoolWriter(self.path, max_bytes=SPOOL_FILE_BYTES_MAX)
+        return self.writer
+
+    def put_batch(
+        self,
+        topic: str,
+        partition: int,
+        values: list[bytes | None],
+        *,
+        born_timestamp_ms: list[int | None] | None = None,
+    ) -> None:
+        self._writer().add_block(topic, partition, values, timestamps_ms=born_timestamp_ms)
+
+    def append_records(self, topic: str, partition: int, records: list[ProducerRecord]) -> None:
+        self._writer().add_block(
+            topic,
+            partition,
+            [r.value for r in records],
+            keys=[r.key for r in records],
+            timestamps_ms=[r.timestamp_ms for r in records],
+            headers=[list(r.headers) for r in records],
+        )
+
+
+def _write(
+    options: WriteOptions, batches: Iterator[pa.RecordBatch], spool_name: str
+) -> WriteResult:
+    """Append directly when the writer lock is free, else spool (module docstring)."""
+    store = try_open_writer(options.path, options.lock_timeout_ms)
+    if store is None:
+        return _spool(options, batches, spool_name)
+    try:
+        assert store.inbox is not None
+        store.inbox.ingest()  # rows spooled before ours go in first
+        appender = _Appender(store, store, options)
         for batch in batches:
             appender.append(batch)
-        return WriteResult(appender.rows)
+    finally:
+        store.close()
+    drain_inbox(options.path)  # files spooled while we held the lock
+    return WriteResult(appender.rows)
+
+
+def _spool(options: WriteOptions, batches: Iterator[pa.RecordBatch], name: str) -> WriteResult:
+    path = os.path.join(options.path, INBOX_DIR, name)
+    sink = _SpoolSink(path)
+    appender = _Appender(sink, cached_reader(options.path).store, options)
+    try:
+        for batch in batches:
+            appender.append(batch)
+        if sink.writer is None:
+            return WriteResult({}, spooled=True)
+        sink.writer.commit()  # durable under its final name: the writer may take it
+        committed_s = time.time()
+    finally:
+        if sink.writer is not None:
+            sink.writer.abort()  # removes the temporary file if commit did not happen
+    ingested = _await_ingest(options, path, committed_s)
+    return WriteResult(appender.rows, spooled=True, ingested=ingested)
+
+
+def _await_ingest(options: WriteOptions, path: str, committed_s: float) -> bool:
+    """Wait until the spool file at ``path`` is ingested, draining the inbox whenever
+    the lock is free; True if ingested within ``spoolWaitMs``.
+
+    Raises:
+        SpoolRejectedError: the writer quarantined the file.
+    """
+    deadline = time.monotonic() + options.spool_wait_ms / 1000
+    while True:
+        drain_inbox(options.path)
+        if not os.path.exists(path):
+            break
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(SPOOL_POLL_S)
+    note = os.path.join(os.path.dirname(path), QUARANTINE_DIR, os.path.basename(path) + ".json")
+    try:
+        with open(note, encoding="utf-8") as handle:
+            if os.fstat(handle.fileno()).st_mtime >= committed_s - 1:
+                raise SpoolRejectedError(
+                    f"the store's writer quarantined {os.path.basename(path)}: "
+                    f"{json.load(handle).get('reason')}"
+                )
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def drain_inbox(path: str) -> int:
+    """Give waiting spool files a writer when none runs: take the lock if it is free,
+    ingest, release; again while files keep arriving. Returns the files ingested.
+
+    Whoever spools a file calls this after the rename, and a direct writer calls it
+    after releasing the lock; so either the spooling task finds the lock free, or
+    the holder finds the file after its release (or is a live writer that ingests
+    it on its next tick).
+    """
+    ingested = 0
+    for _ in range(DRAIN_ROUNDS_MAX):
+        if not pending_spools(os.path.join(path, INBOX_DIR)):
+            break
+        store = try_open_writer(path)
+        if store is None:
+            break  # the lock holder ingests them
+        try:
+            assert store.inbox is not None
+            ingested += store.inbox.ingest().files
+        finally:
+            store.close()
+    return ingested
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -244,9 +403,11 @@ class BatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        self.write_id = uuid.uuid4().hex  # made on the driver: one per DataFrame write
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return _write(self.options, iterator)
+        name = f"{self.options.sink_id}.w{self.write_id}.p{_partition_id():05d}{SPOOL_SUFFIX}"
+        return _write(self.options, iterator, name)
 
 
 def _marker_path(root: str, sink_id: str) -> str:
@@ -262,12 +423,23 @@ def committed_batch_id(root: str, sink_id: str) -> int:
         return -1
 
 
-def _current_batch_id() -> int | None:
+def _local_property(name: str) -> str | None:
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    raw = None if context is None else context.getLocalProperty("streaming.sql.batchId")
+    return None if context is None else context.getLocalProperty(name)
+
+
+def _current_batch_id() -> int | None:
+    raw = _local_property("streaming.sql.batchId")
     return None if raw is None else int(raw)
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.partitionId()
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -285,7 +457,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
             for _ in iterator:  # drain: the batch is already in the store
                 pass
             return WriteResult({}, skipped=True)
-        return _write(self.options, iterator)
+        query_id = _local_property("sql.streaming.queryId") or "none"
+        name = (
+            f"{self.options.sink_id}.q{query_id}.b{batch_id or 0:010d}"
+            f".p{_partition_id():05d}{SPOOL_SUFFIX}"
+        )
+        return _write(self.options, iterator, name)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if batchId <= committed_batch_id(self.options.path, self.options.sink_id):

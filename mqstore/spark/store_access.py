@@ -1,5 +1,5 @@
 """Opening the store from Spark processes: read-only for readers, as THE writer
-for sinks, with the file layout the store's files already have.
+for sinks when the lock is free, with the file layout the store's files already have.
 
 A store directory fixes its CommitLog file size and ConsumeQueue units per file
 when it is created; ``layout_config`` reads them back so that Spark users give
@@ -21,7 +21,13 @@ from mqstore.config import StoreConfig
 from mqstore.store import MessageStore
 from mqstore.topics import TopicConfig
 
-__all__ = ["ReaderView", "cached_reader", "layout_config", "open_reader", "open_writer"]
+__all__ = [
+    "ReaderView",
+    "cached_reader",
+    "layout_config",
+    "open_reader",
+    "try_open_writer",
+]
 
 LOCK_POLL_MIN_S: Final = 0.01  # first wait for the writer lock; doubles up to the max
 LOCK_POLL_MAX_S: Final = 0.5
@@ -119,32 +125,16 @@ def open_reader(path: str) -> Iterator[ReaderView]:
         store.close()
 
 
-@contextlib.contextmanager
-def open_writer(path: str, lock_timeout_ms: int) -> Iterator[MessageStore]:
-    """Open as the store's one writer, waiting up to ``lock_timeout_ms`` for the lock
-    (the tasks of one write job take turns); close (flush, checkpoint) on exit.
-
-    Raises:
-        StoreLockedError: another process (a service, another task) holds the store
-            open for writing; the message says what to do.
-    """
+def try_open_writer(path: str, lock_timeout_ms: int = 0) -> MessageStore | None:
+    """Open as the store's one writer, waiting up to ``lock_timeout_ms`` for the lock;
+    None when another writer (a service, a sibling task) still holds it."""
     deadline = time.monotonic() + lock_timeout_ms / 1000
     delay_s = LOCK_POLL_MIN_S
     while True:
         try:
-            store = MessageStore.open(path, layout_config(path))
-            break
-        except StoreLockedError as error:
-            if time.monotonic() + delay_s < deadline:
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, LOCK_POLL_MAX_S)
-                continue
-            raise StoreLockedError(
-                f"the Spark mqstore sink must be the store's only writer, but {path!r} is "
-                f"open for writing by another process ({error}). Stop that writer, or let "
-                "it consume the DataFrame (collect and produce), or write to another store."
-            ) from error
-    try:
-        yield store
-    finally:
-        store.close()
+            return MessageStore.open(path, layout_config(path))
+        except StoreLockedError:
+            if time.monotonic() + delay_s >= deadline:
+                return None
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, LOCK_POLL_MAX_S)

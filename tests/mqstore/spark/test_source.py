@@ -125,17 +125,6 @@ def test_write_round_trip(spark, tmp_path):
     assert all(len(parts) == 1 for parts in by_key.values())  # a key keeps its partition
 
 
-def test_write_fails_clearly_while_a_service_holds_the_store(spark, tmp_path):
-    path = tmp_path / "s"
-    with _store(path) as store:
-        store.create_topic("out", 1)
-        df = spark.createDataFrame([(b"v",)], "value binary")
-        with pytest.raises(Exception, match="only writer"):
-            df.write.format("mqstore").option("path", str(path)).option("topic", "out").option(
-                "lockTimeoutMs", "100"
-            ).mode("append").save()
-
-
 def test_available_now_restart_reads_exactly_the_new_rows(spark, tmp_path):
     path = tmp_path / "s"
     _fill(path, partitions=2, per_partition=10)

@@ -1,5 +1,4 @@
-"""One SparkSession for every Spark test (startup costs ~5 s), configured as in
-notes/spark.md: loopback only, no UI, 2 shuffle partitions, UTC."""
+"""Fixtures shared across test packages."""
 
 from __future__ import annotations
 
@@ -11,7 +10,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    pytest.importorskip("pyspark")  # here, so test_offsets runs without Spark
+    """One SparkSession for every Spark test (startup costs ~5 s), configured as in
+    notes/spark.md: loopback only, no UI, 2 shuffle partitions, UTC."""
+    pytest.importorskip("pyspark")  # here, so tests without Spark run without it
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need this venv (mqstore, xxhash)
     from pyspark.sql import SparkSession
