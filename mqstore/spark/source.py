@@ -9,7 +9,8 @@ from a read-only view of the store; each executor task opens the store read-only
 
 Writes go through ``mqstore.spark.sink``: the store has ONE writer (an flock on
 ``<root>/lock``), so a write task opens the store as the writer, appends and closes;
-if a service holds the store open, the write fails with StoreLockedError.
+if a service holds the store open, the task hands its rows to that service as a
+spool file in ``<root>/inbox`` (``mqstore.inbox``).
 """
 
 from __future__ import annotations
