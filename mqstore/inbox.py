@@ -62,6 +62,7 @@ from commitlog.errors import (
     InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
+    StoreClosedError,
     StoreError,
     UnknownTopicError,
 )
@@ -182,6 +183,9 @@ class Inbox:
     def ingest(self, files_max: int = FILES_PER_INGEST_MAX) -> IngestReport:
         """Append the waiting spool files (at most ``files_max``), oldest name first.
 
+        A store closing under a running ingest stops it quietly after recording the
+        file's progress; the next writer resumes from there.
+
         Raises:
             StoreError: an append failed for a reason that may pass (a full disk):
                 progress is recorded and the file is retried at the next call.
@@ -197,6 +201,8 @@ class Inbox:
             report = _Tally()
             for name in names[:files_max]:
                 self._ingest_one(name, report)
+                if report.closing:
+                    break
             return IngestReport(
                 files=report.files,
                 rows=report.rows,
@@ -235,6 +241,11 @@ class Inbox:
             self._sync()  # appended rows are durable before the ledger says so
             if failure is not None:
                 ledger.mark_partial(name, spool.checksum, done)
+                if isinstance(failure, StoreClosedError):  # the store is closing: resume
+                    log.info("inbox: %s stopped after %d blocks by close", name, done)
+                    report.rows += rows
+                    report.closing = True
+                    return
                 if not isinstance(failure, SpoolRejectedError | CorruptSpoolError):
                     raise failure  # may pass (disk full): retried from block ``done``
                 report.quarantined.append(self._quarantine(name, failure, done))
@@ -338,6 +349,7 @@ class _Tally:
     rows: int = 0
     skipped: int = 0
     quarantined: list[Quarantined] = attrs.Factory(list)
+    closing: bool = False  # the store closed under us: stop, resume at the next open
 
 
 class _Ledger:

@@ -19,6 +19,7 @@ from mqstore import (
     CorruptDataError,
     DiskFullError,
     MessageStore,
+    StoreClosedError,
     StoreConfig,
     StoreLockedError,
 )
@@ -130,12 +131,13 @@ def test_a_file_for_a_missing_partition_is_rejected_before_any_append(tmp_path):
 
 
 class _FailingStore:
-    """The real store, with put_batch failing with a full disk once at call ``fail_at``."""
+    """The real store, with put_batch failing with ``error`` once at call ``fail_at``."""
 
-    def __init__(self, store, fail_at):
+    def __init__(self, store, fail_at, error):
         self.store = store
         self.calls = 0
         self.fail_at = fail_at
+        self.error = error
 
     def describe_topic(self, name):
         return self.store.describe_topic(name)
@@ -146,11 +148,12 @@ class _FailingStore:
     def put_batch(self, topic, queue_id, bodies, **kwargs):
         self.calls += 1
         if self.calls == self.fail_at:
-            raise DiskFullError("no space left on device")
+            raise self.error
         return self.store.put_batch(topic, queue_id, bodies, **kwargs)
 
 
-def test_a_failed_append_resumes_from_the_recorded_block(tmp_path):
+@pytest.mark.parametrize("closing", [False, True])
+def test_a_failed_append_resumes_from_the_recorded_block(tmp_path, closing):
     from mqstore.inbox import Inbox
 
     root = str(tmp_path / "s")
@@ -158,15 +161,20 @@ def test_a_failed_append_resumes_from_the_recorded_block(tmp_path):
         store.create_topic("out", 1)
         blocks = [("out", 0, [b"b%d-%d" % (b, i) for i in range(3)], {}) for b in range(3)]
         _spool(root, "t", blocks)
-        failing = _FailingStore(store, fail_at=2)
+        _spool(root, "u", [("out", 0, [b"later"], {})])
+        error = StoreClosedError("closed") if closing else DiskFullError("no space left")
+        failing = _FailingStore(store, fail_at=2, error=error)
         inbox = Inbox(os.path.join(root, INBOX_DIR), failing, sync=lambda: None)
-        with pytest.raises(DiskFullError):
-            inbox.ingest()
+        if closing:  # a store closing under a scheduled ingest: it stops quietly
+            assert inbox.ingest().rows == 3
+        else:
+            with pytest.raises(DiskFullError):
+                inbox.ingest()
         assert _values(store, "out") == [b"b0-0", b"b0-1", b"b0-2"]
-        assert _inbox_names(root) == [LEDGER_NAME, "t.spool"]  # kept for the retry
+        assert _inbox_names(root) == [LEDGER_NAME, "t.spool", "u.spool"]  # kept for the retry
         report = inbox.ingest()
-        assert (report.files, report.rows) == (1, 6)
-        expected = [b"b%d-%d" % (b, i) for b in range(3) for i in range(3)]
+        assert (report.files, report.rows) == (2, 7)
+        expected = [b"b%d-%d" % (b, i) for b in range(3) for i in range(3)] + [b"later"]
         assert _values(store, "out") == expected  # block 0 was not appended twice
 
 
