@@ -339,6 +339,137 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ plain batches */
+
+/* A body's bytes: bytes, bytearray or memoryview (others refused: -2); None is a
+ * null body (-1 returned, empty view). */
+static int body_view(PyObject *obj, Py_buffer *view) {
+    view->obj = NULL;
+    if (PyBytes_CheckExact(obj)) {
+        view->buf = PyBytes_AS_STRING(obj);
+        view->len = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (obj == Py_None) {
+        view->buf = (void *)"";
+        view->len = 0;
+        return -1;
+    }
+    if (!PyByteArray_Check(obj) && !PyMemoryView_Check(obj) && !PyBytes_Check(obj)) return -2;
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        view->obj = NULL;
+        return -2;
+    }
+    return 0;
+}
+
+/* check_bodies(bodies, fixed_size, limit, sizes) -> -1, or the index of the first body
+ * that is not bytes-like or None, or whose record (fixed_size + len) exceeds limit.
+ * sizes (int32, one per body) gets every record's total size. */
+static PyObject *py_check_bodies(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "check_bodies(list, fixed_size, limit, sizes)");
+        return NULL;
+    }
+    int64_t fixed, limit;
+    if (as_i64(args[1], &fixed) < 0 || as_i64(args[2], &limit) < 0) return NULL;
+    Py_buffer sizes;
+    if (PyObject_GetBuffer(args[3], &sizes, PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *bodies = args[0];
+    Py_ssize_t count = PyList_GET_SIZE(bodies), bad = -1;
+    if (sizes.len < count * 4) {
+        PyBuffer_Release(&sizes);
+        PyErr_SetString(PyExc_ValueError, "sizes is too short");
+        return NULL;
+    }
+    int32_t *out = sizes.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer view;
+        int kind = body_view(PyList_GET_ITEM(bodies, i), &view);
+        if (kind == -2) {
+            bad = i;
+            break;
+        }
+        int64_t total = fixed + view.len;
+        release(&view);
+        if (total > limit || total > 0x7FFFFFFF) {
+            bad = i;
+            break;
+        }
+        out[i] = (int32_t)total;
+    }
+    PyBuffer_Release(&sizes);
+    return PyLong_FromSsize_t(bad);
+}
+
+/* encode_bodies(buffer, in_file, file_size, physical, first_queue_offset, store_ts_ms,
+ *               born_ts_ms, queue_id, topic, tag, bodies, start, positions) -> index
+ * encode_run for a batch whose records share topic, tag and born timestamp and carry
+ * no keys or properties (what check_bodies accepted): bodies[start:] are written
+ * while they fit, positions (int64) gets their physical offsets. */
+static PyObject *py_encode_bodies(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13 || !PyList_CheckExact(args[10])) {
+        PyErr_SetString(PyExc_TypeError, "encode_bodies takes 13 arguments (bodies a list)");
+        return NULL;
+    }
+    int64_t in_file, file_size, physical, queue_offset, stored, born, queue_id, start;
+    if (as_i64(args[1], &in_file) < 0 || as_i64(args[2], &file_size) < 0 ||
+        as_i64(args[3], &physical) < 0 || as_i64(args[4], &queue_offset) < 0 ||
+        as_i64(args[5], &stored) < 0 || as_i64(args[6], &born) < 0 ||
+        as_i64(args[7], &queue_id) < 0 || as_i64(args[11], &start) < 0)
+        return NULL;
+    PyObject *bodies = args[10];
+    Py_ssize_t count = PyList_GET_SIZE(bodies);
+    Py_buffer out, topic, tag, positions, empty;
+    empty.buf = (void *)"";
+    empty.len = 0;
+    empty.obj = NULL;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
+    topic.obj = tag.obj = NULL;
+    PyObject *result = NULL;
+    int have_positions = 0;
+    if (get_bytes(args[8], &topic, "topic") < 0 || get_bytes(args[9], &tag, "tag") < 0) goto done;
+    if (PyObject_GetBuffer(args[12], &positions, PyBUF_WRITABLE) < 0) goto done;
+    have_positions = 1;
+    if (positions.len < count * 8 || file_size > out.len || topic.len > 255 || tag.len > 255 ||
+        start < 0 || start > count) {
+        PyErr_SetString(PyExc_ValueError, "encode_bodies: bad positions, file size or names");
+        goto done;
+    }
+    int64_t *pos_out = positions.buf;
+    int64_t fixed = HEADER_SIZE + topic.len + tag.len;
+    Py_ssize_t index = start;
+    for (; index < count; index++) {
+        Py_buffer body;
+        int kind = body_view(PyList_GET_ITEM(bodies, index), &body);
+        if (kind == -2) {
+            PyErr_SetString(PyExc_TypeError, "a body is not bytes-like (check_bodies first)");
+            goto done;
+        }
+        int64_t size = fixed + body.len;
+        if (in_file + size + BLANK_SIZE > file_size) {
+            release(&body);
+            break;
+        }
+        write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical, born,
+                     stored, (int32_t)queue_id, kind == -1 ? FLAG_NULL_BODY : 0u, &topic, &tag,
+                     &empty, &empty, &body);
+        release(&body);
+        pos_out[index] = physical;
+        physical += size;
+        in_file += size;
+        queue_offset++;
+    }
+    result = PyLong_FromSsize_t(index);
+done:
+    if (have_positions) PyBuffer_Release(&positions);
+    release(&tag);
+    release(&topic);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 /* ------------------------------------------------------------------ verify_records() */
 
 /* verify_records(buffer, positions, sizes) -> index of the first record (at
@@ -537,6 +668,10 @@ static PyMethodDef methods[] = {
      "Write one record; the signature of commitlog.record.encode_into."},
     {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
      "Write encoded records one after another while they fit the file."},
+    {"check_bodies", (PyCFunction)(void (*)(void))py_check_bodies, METH_FASTCALL,
+     "Sizes of plain records; the index of the first bad body, or -1."},
+    {"encode_bodies", (PyCFunction)(void (*)(void))py_encode_bodies, METH_FASTCALL,
+     "encode_run for bodies sharing topic, tag and born timestamp, no keys/properties."},
     {"verify_records", (PyCFunction)(void (*)(void))py_verify_records, METH_FASTCALL,
      "Index of the first record failing its size, magic or checksum, or -1."},
     {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import attrs
 import numpy as np
@@ -52,8 +52,10 @@ from commitlog.record import (
     HEADER_SIZE,
     PREFIX,
     Record,
+    check_bodies,
     decode,
     encode_blank_into,
+    encode_bodies,
     encode_into,
     encode_keys,
     encode_properties,
@@ -95,7 +97,12 @@ class BatchFeed(NamedTuple):
     queue_id: int
     first_queue_offset: int
     store_ts_ms: int
-    encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]]
+    #: Per-record (size, flags, tag, keys, properties, body, born) from _encode_batch;
+    #: None for a plain batch (bodies only), whose records share ``tag`` and
+    #: ``born_ts_ms`` (None: the store timestamp) and carry no keys.
+    encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None
+    tag: bytes = b""
+    born_ts_ms: int | None = None
 
 
 #: What the dispatcher gets per append: a BatchFeed, or for one record the tuple
@@ -507,10 +514,39 @@ class CommitLog:
         count = len(bodies)
         if count > BATCH_MESSAGES_MAX:
             raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
-        encoded = self._encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms)
+        plain = (
+            keys is None
+            and properties is None
+            and (tags is None or isinstance(tags, str))
+            and (born_ts_ms is None or isinstance(born_ts_ms, int))
+            and type(bodies) is list
+        )
+        encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None = None
+        shared_tag = b""
+        plain_bodies: list[Any] = []
+        plain_born = cast("int | None", born_ts_ms)
+        if plain:
+            # Bodies only (the common batch): validated and encoded in C, no tuple each.
+            plain_bodies = cast("list[Any]", bodies)
+            shared_tag = encode_tag(cast("str | None", tags))
+            if plain_born is not None:
+                _check_timestamp(plain_born)
+            sizes = np.empty(count, dtype=np.int32)
+            fixed = HEADER_SIZE + len(topic_bytes) + len(shared_tag)
+            bad = check_bodies(plain_bodies, fixed, self.config.record_size_limit_bytes, sizes)
+            if bad >= 0:
+                body = plain_bodies[bad]
+                if body is not None and not isinstance(body, _BYTES_LIKE):
+                    raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
+                raise LimitExceededError(
+                    f"record {bad} of {fixed + len(body or b'')} bytes exceeds the limit of "
+                    f"{self.config.record_size_limit_bytes}"
+                )
+        else:
+            encoded = self._encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms)
+            sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
         key = (topic, queue_id)
         positions = np.empty(count, dtype=np.int64)
-        sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
         with self._lock:
             self._check_writable()
             first_queue_offset = self._queue_offsets.get(key)
@@ -526,12 +562,19 @@ class CommitLog:
             done = 0
             while True:
                 # Encode what fits this file in one call (C when built), then roll.
-                stop = encode_run(
-                    mapping, in_file, file_size, position, first_queue_offset + done,
-                    store_ts_ms, queue_id, topic_bytes, encoded, done, positions,
-                )  # fmt: skip
+                if encoded is None:
+                    stop = encode_bodies(
+                        mapping, in_file, file_size, position, first_queue_offset + done,
+                        store_ts_ms, store_ts_ms if plain_born is None else plain_born,
+                        queue_id, topic_bytes, shared_tag, plain_bodies, done, positions,
+                    )  # fmt: skip
+                else:
+                    stop = encode_run(
+                        mapping, in_file, file_size, position, first_queue_offset + done,
+                        store_ts_ms, queue_id, topic_bytes, encoded, done, positions,
+                    )  # fmt: skip
                 if stop > done:
-                    written = int(positions[stop - 1]) + encoded[stop - 1][0] - position
+                    written = int(positions[stop - 1]) + int(sizes[stop - 1]) - position
                     position += written
                     in_file += written
                     done = stop
@@ -555,7 +598,8 @@ class CommitLog:
                 if len(feed) < FEED_ENTRIES_MAX:
                     feed.append(
                         BatchFeed(positions, sizes, topic, queue_id, first_queue_offset,
-                                  store_ts_ms, encoded)
+                                  store_ts_ms, encoded, shared_tag,
+                                  plain_born if encoded is None else None)
                     )  # fmt: skip
                 else:
                     self._feed_overflow = True

@@ -73,6 +73,8 @@ __all__ = [
     "decode_properties",
     "decode_run",
     "encode_into",
+    "check_bodies",
+    "encode_bodies",
     "encode_run",
     "gather",
     "verify_records",
@@ -402,14 +404,68 @@ def gather_py(buffer: Any, starts: Any, lengths: Any, out: Any) -> None:
         cursor += length
 
 
+def check_bodies_py(bodies: list[Any], fixed_size: int, limit: int, sizes: Any) -> int:
+    """Sizes of plain records (``fixed_size`` + body) into ``sizes``; the index of the
+    first body that is not bytes-like or None, or makes a record above ``limit``; -1."""
+    for index, body in enumerate(bodies):
+        if body is not None and not isinstance(body, bytes | bytearray | memoryview):
+            return index
+        size = fixed_size + (0 if body is None else len(body))
+        if size > limit or size > 0x7FFFFFFF:
+            return index
+        sizes[index] = size
+    return -1
+
+
+def encode_bodies_py(
+    buffer: Any,
+    in_file: int,
+    file_size: int,
+    physical_offset: int,
+    first_queue_offset: int,
+    store_ts_ms: int,
+    born_ts_ms: int,
+    queue_id: int,
+    topic: bytes,
+    tag: bytes,
+    bodies: list[Any],
+    start: int,
+    positions: Any,
+) -> int:
+    """``encode_run`` for records that share topic, tag and born timestamp and have no
+    keys or properties (a plain batch, checked by ``check_bodies``)."""
+    queue_offset = first_queue_offset
+    fixed = HEADER_SIZE + len(topic) + len(tag)
+    for index in range(start, len(bodies)):
+        body = bodies[index]
+        flags = FLAG_NULL_BODY if body is None else 0
+        body = b"" if body is None else body
+        size = fixed + len(body)
+        if in_file + size + BLANK_SIZE > file_size:
+            return index
+        encode_into_py(
+            buffer, in_file, physical_offset, size, queue_offset, born_ts_ms, store_ts_ms,
+            queue_id, flags, topic, tag, b"", b"", body,
+        )  # fmt: skip
+        positions[index] = physical_offset
+        physical_offset += size
+        in_file += size
+        queue_offset += 1
+    return len(bodies)
+
+
 if NATIVE is None:
     encode_into = encode_into_py
     encode_run = encode_run_py
+    check_bodies = check_bodies_py
+    encode_bodies = encode_bodies_py
     verify_records = verify_records_py
     gather = gather_py
 else:
     encode_into = NATIVE.encode_into
     encode_run = NATIVE.encode_run
+    check_bodies = NATIVE.check_bodies
+    encode_bodies = NATIVE.encode_bodies
     verify_records = NATIVE.verify_records
     gather = NATIVE.gather
 

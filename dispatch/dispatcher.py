@@ -424,10 +424,18 @@ class Dispatcher:
         group.seal_lists()
         count = len(item.positions)
         encoded = item.encoded
+        store_ts = item.store_ts_ms
+        if encoded is None:  # a plain batch: one tag and born time for all, no keys
+            code = self._tag_hash(item.tag) if item.tag else 0
+            stamp = item.born_ts_ms if group.create_time and item.born_ts_ms is not None else None
+            group.chunks.append((
+                item.positions, item.sizes, np.full(count, code, dtype=np.int64),
+                np.full(count, store_ts if stamp is None else stamp, dtype=np.int64),
+            ))  # fmt: skip
+            return
         tags = np.fromiter(
             (self._tag_hash(e[2]) if e[2] else 0 for e in encoded), dtype=np.int64, count=count
         )
-        store_ts = item.store_ts_ms
         if group.create_time:
             times = np.fromiter(
                 (store_ts if e[6] is None else e[6] for e in encoded), dtype=np.int64, count=count

@@ -180,3 +180,51 @@ def test_files_written_by_c_read_by_python_and_back(tmp_path) -> None:
     for env, mode in ((env_c, "c"), (env_pure, "pure"), (env_c, "c"), (env_pure, "pure")):
         subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(tmp_path), mode], env=env,
                        check=True, timeout=120)  # fmt: skip
+
+
+@native
+@settings(max_examples=150)
+@given(s.topics, s.tags, st.lists(s.bodies | st.none(), min_size=1, max_size=8),
+       st.integers(0, 2**62), st.integers(0, 3000))  # fmt: skip
+def test_plain_batches_encode_as_python_does(
+    topic: str, tag: str | None, bodies: list, born: int, room: int
+) -> None:
+    """check_bodies and encode_bodies (bodies sharing topic, tag and born time) write
+    the bytes encode_run_py writes for the same records."""
+    assert NATIVE is not None
+    topic_b, tag_b = record.validate_topic(topic), record.encode_tag(tag)
+    fixed = record.HEADER_SIZE + len(topic_b) + len(tag_b)
+    sizes = [np.zeros(len(bodies), np.int32) for _ in range(2)]
+    assert NATIVE.check_bodies(bodies, fixed, 1 << 20, sizes[0]) == -1
+    assert record.check_bodies_py(bodies, fixed, 1 << 20, sizes[1]) == -1
+    assert sizes[0].tolist() == sizes[1].tolist()
+    encoded = [
+        (int(size), record.FLAG_NULL_BODY if body is None else 0, tag_b, b"", b"",
+         b"" if body is None else body, born)
+        for size, body in zip(sizes[0], bodies, strict=True)
+    ]  # fmt: skip
+    file_size = 50 + room
+    outputs = []
+    for run in (NATIVE.encode_bodies, record.encode_bodies_py):
+        buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
+        stop = run(buffer, 50, file_size, 700, 3, 9, born, 4, topic_b, tag_b, bodies, 0,
+                   positions)  # fmt: skip
+        outputs.append((bytes(buffer), positions.tolist(), stop))
+    buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
+    stop = record.encode_run_py(buffer, 50, file_size, 700, 3, 9, 4, topic_b, encoded, 0,
+                                positions)  # fmt: skip
+    assert outputs[0] == outputs[1] == (bytes(buffer), positions.tolist(), stop)
+
+
+@native
+def test_check_bodies_finds_the_bad_body() -> None:
+    assert NATIVE is not None
+    sizes = np.zeros(4, np.int32)
+    for bodies, limit, bad in (
+        ([b"a", "text", b"c"], 100, 1),
+        ([b"a", b"b" * 50, b"c"], 110, 1),
+        ([None, bytearray(b"xy"), memoryview(b"z")], 100, -1),
+        ([b"a", 7], 100, 1),
+    ):
+        assert NATIVE.check_bodies(bodies, 68, limit, sizes) == bad
+        assert record.check_bodies_py(bodies, 68, limit, sizes) == bad
