@@ -30,13 +30,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import repeat
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from commitlog.checkpoint import Checkpoint, CheckpointFile
-from commitlog.commitlog import CommitLog
+from commitlog.commitlog import BatchAppendResult, CommitLog
 from commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -63,6 +65,8 @@ from mqstore.topics import TopicRegistry
 __all__ = ["MessageStore"]
 
 log = logging.getLogger(__name__)
+
+_new_put_result = partial(tuple.__new__, PutResult)  # a NamedTuple without its __new__
 
 GET_MESSAGES_MAX = 10_000  # one get() returns at most this many messages
 QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
@@ -475,6 +479,42 @@ class MessageStore(CommitLogEngine):
         ``keys``/``properties`` (and ``tags``/``born_timestamp_ms`` when sequences)
         hold one item per body. Nothing is appended if any message is invalid.
         """
+        result = self.put_batch_arrays(
+            topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
+            born_timestamp_ms=born_timestamp_ms,
+        )  # fmt: skip
+        first, stamp = result.first_queue_offset, result.store_timestamp_ms
+        count = len(result.sizes)
+        # C-level loops (map, zip, tuple.__new__): no Python frame per result.
+        return list(
+            map(
+                _new_put_result,
+                zip(
+                    result.physical_offsets.tolist(),
+                    range(first, first + count),
+                    repeat(stamp, count),
+                    result.sizes.tolist(),
+                    strict=True,
+                ),
+            )
+        )
+
+    def put_batch_arrays(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes | bytearray | memoryview | None],
+        *,
+        keys: Sequence[Sequence[str] | str | None] | None = None,
+        tags: Sequence[str | None] | str | None = None,
+        properties: Sequence[Any] | None = None,
+        born_timestamp_ms: Sequence[int | None] | int | None = None,
+    ) -> BatchAppendResult:
+        """``put_batch`` that reports where the batch landed as arrays, not one
+        PutResult per message: message i is at ``physical_offsets[i]`` with queue
+        offset ``first_queue_offset + i``. For producers of millions of messages a
+        second (a list of bodies, no keys or properties, is encoded in C).
+        """
         self._check_writable()
         result = self.commitlog.append_batch(
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
@@ -486,13 +526,7 @@ class MessageStore(CommitLogEngine):
             and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
         ):
             dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
-        first, stamp = result.first_queue_offset, result.store_timestamp_ms
-        return [
-            PutResult(physical, first + i, stamp, size)
-            for i, (physical, size) in enumerate(
-                zip(result.physical_offsets.tolist(), result.sizes.tolist(), strict=True)
-            )
-        ]
+        return result
 
     def _check_writable(self) -> None:
         if self._closed:

@@ -321,3 +321,21 @@ def test_consumequeue_flush_interval_spaces_the_dispatched_claim(tmp_path):
         end = store.commitlog.write_position
     saved = CheckpointFile(str(path), read_only=True).load()
     assert saved is not None and saved.dispatched_position == end
+
+
+def test_put_batch_arrays_reports_where_the_batch_landed(open_store):
+    store = open_store()
+    store.put("t", 0, b"first")
+    bodies = [b"a" * i for i in range(1, 40)] + [None]
+    result = store.put_batch_arrays("t", 0, bodies, tags="tg", born_timestamp_ms=123)
+    assert result.first_queue_offset == 1
+    messages = store.get("t", 0, 1, 100)
+    assert [m.physical_offset for m in messages] == result.physical_offsets.tolist()
+    assert [m.size for m in messages] == result.sizes.tolist()
+    assert [None if m.body is None else bytes(m.body) for m in messages] == bodies
+    assert {(m.tag, m.born_ts_ms, m.store_ts_ms) for m in messages} == {
+        ("tg", 123, result.store_timestamp_ms)
+    }
+    with pytest.raises(InvalidTypeError):
+        store.put_batch_arrays("t", 0, [b"ok", "not bytes"])
+    assert store.max_offset("t", 0) == 41
