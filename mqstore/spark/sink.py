@@ -178,7 +178,7 @@ class _Appender:
                 micros = batch.column("timestamp").cast(pa.int64())
                 stamps_all = pc.divide(micros, 1000).to_pylist()
             for first in range(0, count, ROWS_PER_APPEND_MAX):
-                self.store.put_batch(
+                self.store.put_batch_arrays(
                     topic,
                     partition,
                     values[first : first + ROWS_PER_APPEND_MAX],
@@ -255,7 +255,7 @@ class _Appender:
         if not has_keys and not has_headers:  # fast path: bodies straight into one batch
             if not 0 <= partition < self._partition_count(topic):  # as append_records checks
                 raise UnknownTopicError(f"topic {topic!r} has no partition {partition}")
-            self.store.put_batch(
+            self.store.put_batch_arrays(
                 topic,
                 partition,
                 [values[i] for i in rows],
@@ -288,7 +288,7 @@ class _SpoolSink:
             self.writer = SpoolWriter(self.path, max_bytes=SPOOL_FILE_BYTES_MAX)
         return self.writer
 
-    def put_batch(
+    def put_batch_arrays(
         self,
         topic: str,
         partition: int,
