@@ -1,13 +1,17 @@
 """Peers on one produce/consume workload, at matched durability, each with its best
-batch API: sqlite3 (WAL), lmdb, persist-queue, and mqstore itself (one partition).
+batch API: sqlite3 (WAL), lmdb, persist-queue, and mqstore itself (one partition),
+through its own API (MessageStore) and through the Kafka-style adapter.
 
 Workload: 100 B values, one process, one thread, a fresh store in a temp dir.
 - single: one message per commit (per call), over a time window;
 - batch: 1,000 messages per commit (sqlite executemany in one transaction, lmdb
   one write transaction with cursor.putmulti(append=True), persist-queue put() x 1,000
-  then task_done() with auto_commit=False, mqstore KafkaProducer.send_batch);
+  then task_done() with auto_commit=False, mqstore MessageStore.put_batch_arrays, or
+  KafkaProducer.send_batch for the "-kafka" rows);
 - consume: read everything back in order (sqlite fetchmany(1000), lmdb cursor scan,
-  persist-queue get() with one task_done() per 1,000, mqstore KafkaConsumer.poll).
+  persist-queue get() with one task_done() per 1,000, mqstore MessageStore.get of
+  1,000, or KafkaConsumer.poll for the "-kafka" rows).
+- single for mqstore: MessageStore.put, or KafkaProducer.send for the "-kafka" rows.
 
 Durability classes (a commit returns when...):
 - "no fsync per commit": survives a process crash, may lose the tail on power loss:
@@ -41,13 +45,17 @@ LMDB_MAP_BYTES = 4 << 30  # sparse; bounds the fastest peer's 0.5-2 s of writes
 
 PEERS: dict[str, dict[str, str]] = {
     "mqstore-async": {"engine": "mqstore", "durability": "no fsync per commit",
-                      "setting": "flush_mode=async (flush every 500 ms)"},
+                      "setting": "flush_mode=async (flush every 500 ms); MessageStore API"},
+    "mqstore-async-kafka": {"engine": "mqstore", "durability": "no fsync per commit",
+                            "setting": "flush_mode=async; KafkaProducer/KafkaConsumer"},
     "sqlite-wal-normal": {"engine": "sqlite3", "durability": "no fsync per commit",
                           "setting": "journal_mode=WAL, synchronous=NORMAL"},
     "lmdb-nosync": {"engine": "lmdb", "durability": "no fsync per commit",
                     "setting": "sync=False"},
     "mqstore-sync": {"engine": "mqstore", "durability": "fsync per commit",
-                     "setting": "flush_mode=sync (group commit)"},
+                     "setting": "flush_mode=sync (group commit); MessageStore API"},
+    "mqstore-sync-kafka": {"engine": "mqstore", "durability": "fsync per commit",
+                           "setting": "flush_mode=sync; KafkaProducer/KafkaConsumer"},
     "sqlite-wal-full": {"engine": "sqlite3", "durability": "fsync per commit",
                         "setting": "journal_mode=WAL, synchronous=FULL"},
     "lmdb-sync": {"engine": "lmdb", "durability": "fsync per commit", "setting": "sync=True"},
@@ -190,27 +198,40 @@ def _mqstore(directory: str, flush_mode: str) -> MessageStore:
     return store
 
 
-def run_mqstore(directory: str, window_s: float, flush_mode: str) -> dict[str, float]:
+def run_mqstore(directory: str, window_s: float, flush_mode: str, api: str) -> dict[str, float]:
     store = _mqstore(directory, flush_mode)
+    values = [VALUE] * BATCH
     try:
-        producer = KafkaProducer(store)
-        send = producer.send
-        rate, _ = _timed(window_s, MAX_SINGLE, lambda i: send("single", VALUE, partition=0))
-        values = [VALUE] * BATCH
-        batch_rate, batches = _timed(
-            window_s, MAX_BATCHES, lambda i: producer.send_batch("batch", 0, values), 1
-        )
-        consumer = KafkaConsumer(store=store, auto_offset_reset="earliest",
-                                 enable_auto_commit=False)  # fmt: skip
-        consumer.assign([TopicPartition("batch", 0)])
-        consumer.seek_to_beginning()
-        got = 0
-        started = time.perf_counter()
-        while got < batches * BATCH:
-            for records in consumer.poll(timeout_ms=100, max_records=BATCH).values():
-                got += len(records)
-        read_s = time.perf_counter() - started
-        consumer.close()
+        if api == "store":
+            put = store.put
+            rate, _ = _timed(window_s, MAX_SINGLE, lambda i: put("single", 0, VALUE))
+            put_batch = store.put_batch_arrays
+            batch_rate, batches = _timed(
+                window_s, MAX_BATCHES, lambda i: put_batch("batch", 0, values), 1
+            )
+            got = 0
+            started = time.perf_counter()
+            while got < batches * BATCH:
+                got += len(store.get("batch", 0, got, BATCH))
+            read_s = time.perf_counter() - started
+        else:
+            producer = KafkaProducer(store)
+            send = producer.send
+            rate, _ = _timed(window_s, MAX_SINGLE, lambda i: send("single", VALUE, partition=0))
+            batch_rate, batches = _timed(
+                window_s, MAX_BATCHES, lambda i: producer.send_batch("batch", 0, values), 1
+            )
+            consumer = KafkaConsumer(store=store, auto_offset_reset="earliest",
+                                     enable_auto_commit=False)  # fmt: skip
+            consumer.assign([TopicPartition("batch", 0)])
+            consumer.seek_to_beginning()
+            got = 0
+            started = time.perf_counter()
+            while got < batches * BATCH:
+                for records in consumer.poll(timeout_ms=100, max_records=BATCH).values():
+                    got += len(records)
+            read_s = time.perf_counter() - started
+            consumer.close()
     finally:
         store.close()
     return {"single_msg_per_s": rate, "batch_msg_per_s": batch_rate * BATCH,
@@ -218,17 +239,16 @@ def run_mqstore(directory: str, window_s: float, flush_mode: str) -> dict[str, f
 
 
 def profile_mqstore(root: str, case: str, profile: cProfile.Profile) -> None:
-    """Profile mqstore's async single or batch produce for one second."""
+    """Profile mqstore's async single or batch produce (MessageStore API) for one second."""
     directory = tempfile.mkdtemp(dir=root)
     store = _mqstore(directory, "async")
     try:
-        producer = KafkaProducer(store)
         values = [VALUE] * BATCH
         profile.enable()
         if case == "single":
-            _timed(1.0, MAX_SINGLE, lambda i: producer.send("single", VALUE, partition=0))
+            _timed(1.0, MAX_SINGLE, lambda i: store.put("single", 0, VALUE))
         else:
-            _timed(1.0, MAX_BATCHES, lambda i: producer.send_batch("batch", 0, values), 1)
+            _timed(1.0, MAX_BATCHES, lambda i: store.put_batch_arrays("batch", 0, values), 1)
         profile.disable()
     finally:
         store.close()
@@ -236,10 +256,12 @@ def profile_mqstore(root: str, case: str, profile: cProfile.Profile) -> None:
 
 
 RUNNERS: dict[str, Callable[[str, float], dict[str, float]]] = {
-    "mqstore-async": lambda d, w: run_mqstore(d, w, "async"),
+    "mqstore-async": lambda d, w: run_mqstore(d, w, "async", "store"),
+    "mqstore-async-kafka": lambda d, w: run_mqstore(d, w, "async", "kafka"),
     "sqlite-wal-normal": lambda d, w: run_sqlite(d, w, "NORMAL"),
     "lmdb-nosync": lambda d, w: run_lmdb(d, w, False),
-    "mqstore-sync": lambda d, w: run_mqstore(d, w, "sync"),
+    "mqstore-sync": lambda d, w: run_mqstore(d, w, "sync", "store"),
+    "mqstore-sync-kafka": lambda d, w: run_mqstore(d, w, "sync", "kafka"),
     "sqlite-wal-full": lambda d, w: run_sqlite(d, w, "FULL"),
     "lmdb-sync": lambda d, w: run_lmdb(d, w, True),
     "persist-queue": run_persist_queue,
