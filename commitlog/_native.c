@@ -470,6 +470,94 @@ done:
     return result;
 }
 
+/* encode_slices(buffer, in_file, file_size, physical, first_queue_offset, store_ts_ms,
+ *               born_ts_ms, queue_id, topic, tag, offsets, data, nulls, borns, start,
+ *               positions) -> index
+ * encode_bodies for bodies given as Arrow does: body i is data[offsets[i]:offsets[i+1]]
+ * (int64 offsets, n + 1 of them, checked by the caller), a null body where nulls (a
+ * uint8 array, or None) is non-zero; borns (int64, or None for born_ts_ms for all)
+ * gives per-record born timestamps. */
+static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "encode_slices takes 16 arguments");
+        return NULL;
+    }
+    int64_t in_file, file_size, physical, queue_offset, stored, born, queue_id, start;
+    if (as_i64(args[1], &in_file) < 0 || as_i64(args[2], &file_size) < 0 ||
+        as_i64(args[3], &physical) < 0 || as_i64(args[4], &queue_offset) < 0 ||
+        as_i64(args[5], &stored) < 0 || as_i64(args[6], &born) < 0 ||
+        as_i64(args[7], &queue_id) < 0 || as_i64(args[14], &start) < 0)
+        return NULL;
+    Py_buffer out, topic, tag, offsets, data, nulls, borns, positions, empty;
+    empty.buf = (void *)"";
+    empty.len = 0;
+    empty.obj = NULL;
+    topic.obj = tag.obj = offsets.obj = data.obj = nulls.obj = borns.obj = positions.obj = NULL;
+    int have_offsets = 0, have_data = 0, have_nulls = 0, have_borns = 0, have_positions = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
+    if (get_bytes(args[8], &topic, "topic") < 0 || get_bytes(args[9], &tag, "tag") < 0) goto done;
+    if (PyObject_GetBuffer(args[10], &offsets, PyBUF_SIMPLE) < 0) goto done;
+    have_offsets = 1;
+    if (PyObject_GetBuffer(args[11], &data, PyBUF_SIMPLE) < 0) goto done;
+    have_data = 1;
+    if (args[12] != Py_None) {
+        if (PyObject_GetBuffer(args[12], &nulls, PyBUF_SIMPLE) < 0) goto done;
+        have_nulls = 1;
+    }
+    if (args[13] != Py_None) {
+        if (PyObject_GetBuffer(args[13], &borns, PyBUF_SIMPLE) < 0) goto done;
+        have_borns = 1;
+    }
+    if (PyObject_GetBuffer(args[15], &positions, PyBUF_WRITABLE) < 0) goto done;
+    have_positions = 1;
+    Py_ssize_t count = offsets.len / 8 - 1;
+    if (count < 0 || positions.len < count * 8 || (have_nulls && nulls.len < count) ||
+        (have_borns && borns.len < count * 8) || file_size > out.len || topic.len > 255 ||
+        tag.len > 255 || start < 0 || start > count) {
+        PyErr_SetString(PyExc_ValueError, "encode_slices: arrays do not match");
+        goto done;
+    }
+    const int64_t *offs = offsets.buf, *born_at = have_borns ? borns.buf : NULL;
+    const uint8_t *null_at = have_nulls ? nulls.buf : NULL;
+    int64_t *pos_out = positions.buf;
+    int64_t fixed = HEADER_SIZE + topic.len + tag.len;
+    Py_ssize_t index = start;
+    for (; index < count; index++) {
+        int64_t from = offs[index], to = offs[index + 1];
+        if (from < 0 || to < from || to > data.len) {
+            PyErr_SetString(PyExc_ValueError, "encode_slices: an offset is out of range");
+            goto done;
+        }
+        Py_buffer body;
+        body.obj = NULL;
+        body.buf = (uint8_t *)data.buf + from;
+        body.len = to - from;
+        int is_null = null_at != NULL && null_at[index];
+        if (is_null) body.len = 0;
+        int64_t size = fixed + body.len;
+        if (in_file + size + BLANK_SIZE > file_size) break;
+        write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical,
+                     born_at ? born_at[index] : born, stored, (int32_t)queue_id,
+                     is_null ? FLAG_NULL_BODY : 0u, &topic, &tag, &empty, &empty, &body);
+        pos_out[index] = physical;
+        physical += size;
+        in_file += size;
+        queue_offset++;
+    }
+    result = PyLong_FromSsize_t(index);
+done:
+    if (have_positions) PyBuffer_Release(&positions);
+    if (have_borns) PyBuffer_Release(&borns);
+    if (have_nulls) PyBuffer_Release(&nulls);
+    if (have_data) PyBuffer_Release(&data);
+    if (have_offsets) PyBuffer_Release(&offsets);
+    release(&tag);
+    release(&topic);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 /* ------------------------------------------------------------------ verify_records() */
 
 /* verify_records(buffer, positions, sizes) -> index of the first record (at
@@ -672,6 +760,8 @@ static PyMethodDef methods[] = {
      "Sizes of plain records; the index of the first bad body, or -1."},
     {"encode_bodies", (PyCFunction)(void (*)(void))py_encode_bodies, METH_FASTCALL,
      "encode_run for bodies sharing topic, tag and born timestamp, no keys/properties."},
+    {"encode_slices", (PyCFunction)(void (*)(void))py_encode_slices, METH_FASTCALL,
+     "encode_bodies for bodies given as Arrow offsets and data."},
     {"verify_records", (PyCFunction)(void (*)(void))py_verify_records, METH_FASTCALL,
      "Index of the first record failing its size, magic or checksum, or -1."},
     {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,

@@ -60,6 +60,7 @@ from commitlog.record import (
     encode_keys,
     encode_properties,
     encode_run,
+    encode_slices,
     encode_tag,
     validate_topic,
 )
@@ -102,7 +103,7 @@ class BatchFeed(NamedTuple):
     #: ``born_ts_ms`` (None: the store timestamp) and carry no keys.
     encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None
     tag: bytes = b""
-    born_ts_ms: int | None = None
+    born_ts_ms: np.ndarray | int | None = None  # an array: one per record (append_slices)
 
 
 #: What the dispatcher gets per append: a BatchFeed, or for one record the tuple
@@ -545,6 +546,120 @@ class CommitLog:
         else:
             encoded = self._encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms)
             sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
+
+        def encode(
+            mapping: Any, in_file: int, file_size: int, position: int, queue_offset: int,
+            store_ts_ms: int, done: int, positions: Any,
+        ) -> int:  # fmt: skip
+            if encoded is None:
+                return int(encode_bodies(
+                    mapping, in_file, file_size, position, queue_offset, store_ts_ms,
+                    store_ts_ms if plain_born is None else plain_born, queue_id, topic_bytes,
+                    shared_tag, plain_bodies, done, positions,
+                ))  # fmt: skip
+            return int(encode_run(
+                mapping, in_file, file_size, position, queue_offset, store_ts_ms, queue_id,
+                topic_bytes, encoded, done, positions,
+            ))  # fmt: skip
+
+        return self._append_encoded(
+            topic, queue_id, sizes, encode, encoded, shared_tag,
+            plain_born if encoded is None else None,
+        )  # fmt: skip
+
+    def append_slices(
+        self,
+        topic: str,
+        queue_id: int,
+        offsets: np.ndarray,
+        data: Any,
+        *,
+        nulls: np.ndarray | None = None,
+        tag: str | None = None,
+        born_ts_ms: np.ndarray | int | None = None,
+    ) -> BatchAppendResult:
+        """``append_batch`` for bodies laid out as Arrow binary columns are: body i is
+        ``data[offsets[i]:offsets[i + 1]]``, None where ``nulls[i]``; no keys or
+        properties; one tag; a born timestamp for all, or one per record (int64).
+        Nothing is built per record in Python (C encodes when built).
+
+        Raises:
+            The errors of ``append_batch``; InvalidArgumentError for offsets that are
+            not non-decreasing within ``data``, or arrays of the wrong length.
+        """
+        topic_bytes = validate_topic(topic)
+        _check_queue_id(queue_id)
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or len(offsets) < 1:
+            raise InvalidArgumentError("offsets must be a 1-D array of count + 1 positions")
+        count = len(offsets) - 1
+        if count > BATCH_MESSAGES_MAX:
+            raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
+        data_len = memoryview(data).nbytes
+        lengths = np.diff(offsets)
+        if count and (offsets[0] < 0 or offsets[-1] > data_len or lengths.min() < 0):
+            raise InvalidArgumentError("offsets must increase within the data buffer")
+        null_flags: np.ndarray | None = None
+        if nulls is not None:
+            null_flags = np.ascontiguousarray(nulls, dtype=np.uint8)
+            if null_flags.shape != (count,):
+                raise InvalidArgumentError(f"nulls has {len(null_flags)} items for {count} bodies")
+            lengths = np.where(null_flags != 0, 0, lengths)
+        borns: np.ndarray | None = None
+        born_all: int | None = None
+        if isinstance(born_ts_ms, np.ndarray):
+            borns = np.ascontiguousarray(born_ts_ms, dtype=np.int64)
+            if borns.shape != (count,):
+                raise InvalidArgumentError(f"born_ts_ms has {len(borns)} items for {count} bodies")
+            if count and borns.min() < 0:
+                raise InvalidArgumentError("born timestamps must be >= 0")
+        elif born_ts_ms is not None:
+            _check_timestamp(born_ts_ms)
+            born_all = born_ts_ms
+        tag_bytes = encode_tag(tag)
+        sizes64 = HEADER_SIZE + len(topic_bytes) + len(tag_bytes) + lengths
+        limit = self.config.record_size_limit_bytes
+        if count and sizes64.max() > limit:
+            bad = int(np.argmax(sizes64 > limit))
+            raise LimitExceededError(
+                f"record {bad} of {int(sizes64[bad])} bytes exceeds the limit of {limit}"
+            )
+        sizes = sizes64.astype(np.int32)
+
+        def encode(
+            mapping: Any, in_file: int, file_size: int, position: int, queue_offset: int,
+            store_ts_ms: int, done: int, positions: Any,
+        ) -> int:  # fmt: skip
+            return int(encode_slices(
+                mapping, in_file, file_size, position, queue_offset, store_ts_ms,
+                store_ts_ms if born_all is None else born_all, queue_id, topic_bytes,
+                tag_bytes, offsets, data, null_flags, borns, done, positions,
+            ))  # fmt: skip
+
+        return self._append_encoded(
+            topic,
+            queue_id,
+            sizes,
+            encode,
+            None,
+            tag_bytes,
+            borns if borns is not None else born_all,
+        )
+
+    def _append_encoded(
+        self,
+        topic: str,
+        queue_id: int,
+        sizes: np.ndarray,
+        encode: Callable[..., int],
+        encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None,
+        shared_tag: bytes,
+        shared_born: np.ndarray | int | None,
+    ) -> BatchAppendResult:
+        """Write a validated batch under the lock: ``encode`` writes what fits the
+        current file from record ``done`` on and returns where it stopped; files roll
+        between calls. A crash keeps a prefix of the batch."""
+        count = len(sizes)
         key = (topic, queue_id)
         positions = np.empty(count, dtype=np.int64)
         with self._lock:
@@ -562,17 +677,8 @@ class CommitLog:
             done = 0
             while True:
                 # Encode what fits this file in one call (C when built), then roll.
-                if encoded is None:
-                    stop = encode_bodies(
-                        mapping, in_file, file_size, position, first_queue_offset + done,
-                        store_ts_ms, store_ts_ms if plain_born is None else plain_born,
-                        queue_id, topic_bytes, shared_tag, plain_bodies, done, positions,
-                    )  # fmt: skip
-                else:
-                    stop = encode_run(
-                        mapping, in_file, file_size, position, first_queue_offset + done,
-                        store_ts_ms, queue_id, topic_bytes, encoded, done, positions,
-                    )  # fmt: skip
+                stop = encode(mapping, in_file, file_size, position,
+                              first_queue_offset + done, store_ts_ms, done, positions)  # fmt: skip
                 if stop > done:
                     written = int(positions[stop - 1]) + int(sizes[stop - 1]) - position
                     position += written
@@ -589,8 +695,7 @@ class CommitLog:
                 file_size = current.size_bytes
                 position = current.start_offset
                 in_file = 0
-            queue_offset = first_queue_offset + count
-            self._queue_offsets[key] = queue_offset
+            self._queue_offsets[key] = first_queue_offset + count
             self._write_position = position
             self._last_store_ts_ms = store_ts_ms
             feed = self._feed
@@ -598,8 +703,7 @@ class CommitLog:
                 if len(feed) < FEED_ENTRIES_MAX:
                     feed.append(
                         BatchFeed(positions, sizes, topic, queue_id, first_queue_offset,
-                                  store_ts_ms, encoded, shared_tag,
-                                  plain_born if encoded is None else None)
+                                  store_ts_ms, encoded, shared_tag, shared_born)
                     )  # fmt: skip
                 else:
                     self._feed_overflow = True

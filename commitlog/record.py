@@ -76,6 +76,7 @@ __all__ = [
     "check_bodies",
     "encode_bodies",
     "encode_run",
+    "encode_slices",
     "gather",
     "verify_records",
     "encode_keys",
@@ -454,11 +455,64 @@ def encode_bodies_py(
     return len(bodies)
 
 
+def encode_slices_py(
+    buffer: Any,
+    in_file: int,
+    file_size: int,
+    physical_offset: int,
+    first_queue_offset: int,
+    store_ts_ms: int,
+    born_ts_ms: int,
+    queue_id: int,
+    topic: bytes,
+    tag: bytes,
+    offsets: Any,
+    data: Any,
+    nulls: Any,
+    borns: Any,
+    start: int,
+    positions: Any,
+) -> int:
+    """``encode_bodies`` for bodies given as an Arrow binary column: body i is
+    ``data[offsets[i]:offsets[i + 1]]`` (None where ``nulls[i]``); ``borns`` gives
+    per-record born timestamps, or None for ``born_ts_ms`` for all."""
+    view = memoryview(data).cast("B")
+    bounds = offsets.tolist()
+    flags = None if nulls is None else nulls.tolist()
+    stamps = None if borns is None else borns.tolist()
+    bodies = [
+        None if flags is not None and flags[i] else view[bounds[i] : bounds[i + 1]]
+        for i in range(len(bounds) - 1)
+    ]
+    if stamps is None:
+        return encode_bodies_py(buffer, in_file, file_size, physical_offset,
+                                first_queue_offset, store_ts_ms, born_ts_ms, queue_id, topic,
+                                tag, bodies, start, positions)  # fmt: skip
+    queue_offset = first_queue_offset
+    fixed = HEADER_SIZE + len(topic) + len(tag)
+    for index in range(start, len(bodies)):
+        body = bodies[index]
+        size = fixed + (0 if body is None else len(body))
+        if in_file + size + BLANK_SIZE > file_size:
+            return index
+        encode_into_py(
+            buffer, in_file, physical_offset, size, queue_offset, stamps[index], store_ts_ms,
+            queue_id, FLAG_NULL_BODY if body is None else 0, topic, tag, b"", b"",
+            b"" if body is None else body,
+        )  # fmt: skip
+        positions[index] = physical_offset
+        physical_offset += size
+        in_file += size
+        queue_offset += 1
+    return len(bodies)
+
+
 if NATIVE is None:
     encode_into = encode_into_py
     encode_run = encode_run_py
     check_bodies = check_bodies_py
     encode_bodies = encode_bodies_py
+    encode_slices = encode_slices_py
     verify_records = verify_records_py
     gather = gather_py
 else:
@@ -466,6 +520,7 @@ else:
     encode_run = NATIVE.encode_run
     check_bodies = NATIVE.check_bodies
     encode_bodies = NATIVE.encode_bodies
+    encode_slices = NATIVE.encode_slices
     verify_records = NATIVE.verify_records
     gather = NATIVE.gather
 

@@ -425,13 +425,16 @@ class Dispatcher:
         count = len(item.positions)
         encoded = item.encoded
         store_ts = item.store_ts_ms
-        if encoded is None:  # a plain batch: one tag and born time for all, no keys
+        if encoded is None:  # a plain batch: one tag, no keys, born times as columns
             code = self._tag_hash(item.tag) if item.tag else 0
-            stamp = item.born_ts_ms if group.create_time and item.born_ts_ms is not None else None
-            group.chunks.append((
-                item.positions, item.sizes, np.full(count, code, dtype=np.int64),
-                np.full(count, store_ts if stamp is None else stamp, dtype=np.int64),
-            ))  # fmt: skip
+            born = item.born_ts_ms if group.create_time else None
+            if isinstance(born, np.ndarray):
+                times = born
+            else:
+                times = np.full(count, store_ts if born is None else born, dtype=np.int64)
+            group.chunks.append(
+                (item.positions, item.sizes, np.full(count, code, dtype=np.int64), times)
+            )
             return
         tags = np.fromiter(
             (self._tag_hash(e[2]) if e[2] else 0 for e in encoded), dtype=np.int64, count=count

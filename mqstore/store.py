@@ -520,13 +520,43 @@ class MessageStore(CommitLogEngine):
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
+        self._after_batch()
+        return result
+
+    def put_batch_buffers(
+        self,
+        topic: str,
+        queue_id: int,
+        offsets: np.ndarray,
+        data: Any,
+        *,
+        nulls: np.ndarray | None = None,
+        tag: str | None = None,
+        born_timestamp_ms: np.ndarray | int | None = None,
+    ) -> BatchAppendResult:
+        """``put_batch_arrays`` for bodies laid out as an Arrow binary column: body i is
+        ``data[offsets[i]:offsets[i + 1]]`` (None where ``nulls[i]``), with one tag and
+        a born timestamp for all or one per message (int64 array). No Python object is
+        made per message: what the Spark sink uses for its value column.
+
+        Raises:
+            InvalidArgumentError: offsets not non-decreasing inside ``data``, or arrays
+                of the wrong length; and the errors of ``put_batch``.
+        """
+        self._check_writable()
+        result = self.commitlog.append_slices(
+            topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms
+        )
+        self._after_batch()
+        return result
+
+    def _after_batch(self) -> None:
         dispatcher = self._dispatcher
         if (
             dispatcher is not None
             and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
         ):
             dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
-        return result
 
     def _check_writable(self) -> None:
         if self._closed:

@@ -228,3 +228,34 @@ def test_check_bodies_finds_the_bad_body() -> None:
     ):
         assert NATIVE.check_bodies(bodies, 68, limit, sizes) == bad
         assert record.check_bodies_py(bodies, 68, limit, sizes) == bad
+
+
+@native
+@settings(max_examples=120)
+@given(s.topics, s.tags, st.lists(s.bodies | st.none(), min_size=1, max_size=8),
+       st.booleans(), st.integers(0, 3000))  # fmt: skip
+def test_slices_encode_as_python_does(
+    topic: str, tag: str | None, bodies: list, per_record_born: bool, room: int
+) -> None:
+    """encode_slices (bodies as Arrow offsets + data, nulls, per-record born times)
+    writes the bytes of encode_slices_py and of encode_bodies_py for the same bodies."""
+    assert NATIVE is not None
+    topic_b, tag_b = record.validate_topic(topic), record.encode_tag(tag)
+    data = b"".join(body or b"" for body in bodies)
+    offsets = np.zeros(len(bodies) + 1, np.int64)
+    np.cumsum([len(body or b"") for body in bodies], out=offsets[1:])
+    nulls = np.array([body is None for body in bodies], np.uint8)
+    borns = np.arange(len(bodies), dtype=np.int64) * 7 + 11 if per_record_born else None
+    file_size = 50 + room
+    outputs = []
+    for run in (NATIVE.encode_slices, record.encode_slices_py):
+        buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
+        stop = run(buffer, 50, file_size, 700, 3, 9, 5, 4, topic_b, tag_b, offsets, data,
+                   nulls, borns, 0, positions)  # fmt: skip
+        outputs.append((bytes(buffer), positions.tolist(), stop))
+    assert outputs[0] == outputs[1]
+    if borns is None:
+        buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
+        stop = record.encode_bodies_py(buffer, 50, file_size, 700, 3, 9, 5, 4, topic_b, tag_b,
+                                       bodies, 0, positions)  # fmt: skip
+        assert outputs[0] == (bytes(buffer), positions.tolist(), stop)

@@ -6,6 +6,7 @@ import tempfile
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from mqstore import (
@@ -339,3 +340,26 @@ def test_put_batch_arrays_reports_where_the_batch_landed(open_store):
     with pytest.raises(InvalidTypeError):
         store.put_batch_arrays("t", 0, [b"ok", "not bytes"])
     assert store.max_offset("t", 0) == 41
+
+
+def test_put_batch_buffers_takes_an_arrow_like_column(open_store):
+    store = open_store()
+    bodies = [b"one", b"", None, b"four!"]
+    data = b"one" + b"" + b"zz" + b"four!"  # a null's slot may hold bytes: they are ignored
+    offsets = np.array([0, 3, 3, 5, 10])
+    nulls = np.array([0, 0, 1, 0], np.uint8)
+    borns = np.array([10, 20, 30, 40])
+    result = store.put_batch_buffers("t", 1, offsets, data, nulls=nulls, tag="x",
+                                     born_timestamp_ms=borns)  # fmt: skip
+    got = store.get("t", 1, 0, 10)
+    assert [None if m.body is None else bytes(m.body) for m in got] == bodies
+    assert [m.born_ts_ms for m in got] == [10, 20, 30, 40]
+    assert [m.physical_offset for m in got] == result.physical_offsets.tolist()
+    assert store.offset_for_time("t", 1, 25) == 2  # the ConsumeQueue took the born times
+    with pytest.raises(InvalidArgumentError):
+        store.put_batch_buffers("t", 1, np.array([0, 5, 3]), data)
+    with pytest.raises(InvalidArgumentError):
+        store.put_batch_buffers("t", 1, np.array([0, 3, 99]), data)
+    with pytest.raises(InvalidArgumentError):
+        store.put_batch_buffers("t", 1, offsets, data, nulls=np.zeros(2, np.uint8))
+    assert store.max_offset("t", 1) == 4
