@@ -493,6 +493,8 @@ class KafkaConsumer:
         self._pattern: re.Pattern[str] | None = None
         self._positions: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
+        self._assigned: set[TopicPartition] = set()  # _assignment, for O(1) membership
+        self._active: list[TopicPartition] | None = None  # assigned and not paused
         self._next_partition = 0
         self._last_commit = time.monotonic()
         self._closed = False
@@ -540,9 +542,10 @@ class KafkaConsumer:
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:
         self._assignment = partitions
-        keep = set(partitions)
+        keep = self._assigned = set(partitions)
         self._positions = {tp: o for tp, o in self._positions.items() if tp in keep}
         self._paused &= keep
+        self._active = None
 
     def unsubscribe(self) -> None:
         self._subscription = set()
@@ -577,7 +580,7 @@ class KafkaConsumer:
 
     def _check_assigned(self, tp: TopicPartition) -> TopicPartition:
         tp = TopicPartition(*tp)
-        if tp not in self._assignment:
+        if tp not in self._assigned:
             raise InvalidArgumentError(f"{tp} is not assigned to this consumer")
         return tp
 
@@ -614,10 +617,12 @@ class KafkaConsumer:
     def pause(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
             self._paused.add(self._check_assigned(tp))
+            self._active = None
 
     def resume(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
             self._paused.discard(self._check_assigned(tp))
+            self._active = None
 
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
@@ -686,7 +691,7 @@ class KafkaConsumer:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if fetched or remaining_ms <= 0:
                 return fetched
-            active = [tp for tp in self._assignment if tp not in self._paused]
+            active = self._active_partitions()
             if not active:
                 time.sleep(remaining_ms / 1000)
                 return {}
@@ -696,17 +701,23 @@ class KafkaConsumer:
     def _fetch(
         self, limit: int, update_offsets: bool
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        active = [tp for tp in self._assignment if tp not in self._paused]
+        active = self._active_partitions()
         result: dict[TopicPartition, list[ConsumerRecord]] = {}
         if not active:
             return result
         count = 0
         start = self._next_partition % len(active)
+        visited = 0
         for i in range(len(active)):
             if count >= limit:
                 break
+            visited = i + 1
             tp = active[(start + i) % len(active)]
-            position = self._resolve_position(tp)
+            # A position this consumer holds (a seek, or the end of its last fetch) is
+            # read as is: an out-of-range one raises below and is reset there.
+            position = self._positions.get(tp)
+            if position is None:
+                position = self._resolve_position(tp)
             try:
                 records = self._store.read_records(tp.topic, tp.partition, position, limit - count)
             except OffsetOutOfRangeError:  # retention moved the log start meanwhile
@@ -718,8 +729,16 @@ class KafkaConsumer:
             count += len(records)
             if update_offsets:
                 self._positions[tp] = records[-1].offset + 1
-        self._next_partition = start + 1
+        # The next poll goes on after the last partition this one visited (Kafka's
+        # fetch order), instead of re-reading the partitions it just drained.
+        self._next_partition = start + max(visited, 1)
         return result
+
+    def _active_partitions(self) -> list[TopicPartition]:
+        active = self._active
+        if active is None:
+            active = self._active = [tp for tp in self._assignment if tp not in self._paused]
+        return active
 
     def _to_consumer_record(self, tp: TopicPartition, record: Any) -> ConsumerRecord:
         key_deserializer = self.config["key_deserializer"]

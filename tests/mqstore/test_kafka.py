@@ -357,3 +357,28 @@ def test_kafka_python_configs_are_accepted_and_unknown_ones_refused(engine):
         KafkaConsumer(store=engine, no_such_setting=1)
     with pytest.raises(InvalidArgumentError, match="unrecognized"):
         KafkaProducer(engine, lingerms=5)
+
+
+def test_polls_go_on_after_the_last_partition_read(engine):
+    """Each poll starts after the partition where the previous one stopped, so a
+    consumer of many partitions reads each drained partition about once, in order."""
+    engine.create_topic("rr", 8)
+    producer = KafkaProducer(engine)
+    for i in range(40):
+        producer.send("rr", b"%d" % i, partition=i // 5)  # partition p holds 5p .. 5p+4
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("rr", p) for p in range(8)])
+    calls = []
+    read = engine.read_records
+
+    def counting(topic, partition, offset, max_records):
+        calls.append(partition)
+        return read(topic, partition, offset, max_records)
+
+    engine.read_records = counting
+    order = []
+    for _ in range(4):  # each poll takes two whole partitions
+        for tp, records in consumer.poll(timeout_ms=0, max_records=10).items():
+            order += [(tp.partition, int(r.value)) for r in records]
+    assert order == [(i // 5, i) for i in range(40)]
+    assert calls == list(range(8))  # no re-read of a drained partition
