@@ -34,6 +34,7 @@ import cProfile
 import io
 import json
 import logging
+import mmap
 import os
 import platform
 import pstats
@@ -354,6 +355,48 @@ def run_design_case(
     }
 
 
+def measure_fsync(root: str, groups: int = 200) -> dict[str, float]:
+    """What a durable group costs on this disk, without Python on the path: p50 (us)
+    of write + fdatasync of a 170-byte record, (a) through a mapping of one
+    fallocate'd file (the CommitLog's sync flush), (b) appended to one file, and
+    (c) appended to SYNC_PRODUCERS files with one fdatasync each (a segmented group
+    whose producers write to different partitions)."""
+    directory = tempfile.mkdtemp(dir=root)
+    record = b"r" * 170
+    out: dict[str, float] = {}
+    try:
+        fd = os.open(os.path.join(directory, "mapped"), os.O_RDWR | os.O_CREAT, 0o644)
+        os.posix_fallocate(fd, 0, 16 << 20)
+        with mmap.mmap(fd, 16 << 20) as mapping:
+            samples = []
+            for i in range(groups):
+                mapping[i * 170 : (i + 1) * 170] = record
+                started = time.perf_counter_ns()
+                os.fdatasync(fd)
+                samples.append((time.perf_counter_ns() - started) / 1000)
+        os.close(fd)
+        out["mapped_one_file_us"] = statistics.median(samples)
+        fds = [
+            os.open(os.path.join(directory, f"p{i}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            for i in range(SYNC_PRODUCERS)
+        ]
+        for name, files in (("append_one_file_us", fds[:1]), ("append_n_files_us", fds)):
+            samples = []
+            for _ in range(groups):
+                for handle in files:
+                    os.write(handle, record)
+                started = time.perf_counter_ns()
+                for handle in files:
+                    os.fdatasync(handle)
+                samples.append((time.perf_counter_ns() - started) / 1000)
+            out[name] = statistics.median(samples)
+        for handle in fds:
+            os.close(handle)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return out
+
+
 def _percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
@@ -508,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="mqstore-compare-")
     design_runs: dict[str, list[dict[str, Any]]] = {}
     key_runs: list[dict[str, Any]] = []
+    fsync_runs: list[dict[str, float]] = []
     recovery_runs: dict[str, list[dict[str, Any]]] = {}
     peer_runs: dict[str, list[dict[str, Any]]] = {}
     cases = design_cases(mode)
@@ -524,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{run['consume_msg_per_s']:>10,.0f}/s setup {run['setup_s']:.1f}s "
                       f"close {run['close_s']:.1f}s", flush=True)  # fmt: skip
             key_runs.append(run_key_lookup(root, mode["lookup_messages"], rng))
+            fsync_runs.append(measure_fsync(root))
             for mib in mode["recovery_mib"]:
                 for engine in ("commitlog", "segmented"):
                     name = f"{engine}/{mib}MiB"
@@ -541,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in cases
         ]  # fmt: skip
         results["key_lookup"] = {"summary": summarize(key_runs), "runs": key_runs}
+        results["fsync"] = {"summary": summarize(fsync_runs), "runs": fsync_runs}
         results["recovery"] = [
             {"engine": name.split("/")[0], "log_mib": int(name.split("/")[1][:-3]),
              "summary": summarize(runs), "runs": runs}
