@@ -717,6 +717,10 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
     const int64_t *qoffs = views[2].buf, *clogs = views[3].buf, *tags = views[5].buf,
                   *times = views[6].buf;
     Py_ssize_t i = start;
+    /* Without the GIL: the loop touches only the table and the mappings (the caller
+     * holds the ConsumeQueue lock and references to every mapped file), and a page
+     * fault on a queue file's next page then stalls only the dispatcher. */
+    Py_BEGIN_ALLOW_THREADS
     for (; i < count; i++) {
         int32_t slot = slots[i];
         if (slot < 0 || slot >= rows) break;
@@ -741,6 +745,7 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
         row[TAIL_NEXT] = offset + 1;
         row[TAIL_LAST_CLOG] = clogs[i];
     }
+    Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(i);
 done:
     while (got-- > 0) PyBuffer_Release(&views[got]);
