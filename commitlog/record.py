@@ -432,9 +432,11 @@ def encode_bodies_py(
     bodies: list[Any],
     start: int,
     positions: Any,
+    borns: list[int] | None = None,
 ) -> int:
-    """``encode_run`` for records that share topic, tag and born timestamp and have no
-    keys or properties (a plain batch, checked by ``check_bodies``)."""
+    """``encode_run`` for records that share topic and tag, have no keys or
+    properties, and share ``born_ts_ms`` unless ``borns`` gives one each (a plain
+    batch, checked by ``check_bodies``)."""
     queue_offset = first_queue_offset
     fixed = HEADER_SIZE + len(topic) + len(tag)
     for index in range(start, len(bodies)):
@@ -445,7 +447,8 @@ def encode_bodies_py(
         if in_file + size + BLANK_SIZE > file_size:
             return index
         encode_into_py(
-            buffer, in_file, physical_offset, size, queue_offset, born_ts_ms, store_ts_ms,
+            buffer, in_file, physical_offset, size, queue_offset,
+            born_ts_ms if borns is None else borns[index], store_ts_ms,
             queue_id, flags, topic, tag, b"", b"", body,
         )  # fmt: skip
         positions[index] = physical_offset
@@ -479,32 +482,15 @@ def encode_slices_py(
     view = memoryview(data).cast("B")
     bounds = offsets.tolist()
     flags = None if nulls is None else nulls.tolist()
-    stamps = None if borns is None else borns.tolist()
     bodies = [
         None if flags is not None and flags[i] else view[bounds[i] : bounds[i + 1]]
         for i in range(len(bounds) - 1)
     ]
-    if stamps is None:
-        return encode_bodies_py(buffer, in_file, file_size, physical_offset,
-                                first_queue_offset, store_ts_ms, born_ts_ms, queue_id, topic,
-                                tag, bodies, start, positions)  # fmt: skip
-    queue_offset = first_queue_offset
-    fixed = HEADER_SIZE + len(topic) + len(tag)
-    for index in range(start, len(bodies)):
-        body = bodies[index]
-        size = fixed + (0 if body is None else len(body))
-        if in_file + size + BLANK_SIZE > file_size:
-            return index
-        encode_into_py(
-            buffer, in_file, physical_offset, size, queue_offset, stamps[index], store_ts_ms,
-            queue_id, FLAG_NULL_BODY if body is None else 0, topic, tag, b"", b"",
-            b"" if body is None else body,
-        )  # fmt: skip
-        positions[index] = physical_offset
-        physical_offset += size
-        in_file += size
-        queue_offset += 1
-    return len(bodies)
+    return encode_bodies_py(
+        buffer, in_file, file_size, physical_offset, first_queue_offset, store_ts_ms,
+        born_ts_ms, queue_id, topic, tag, bodies, start, positions,
+        None if borns is None else borns.tolist(),
+    )  # fmt: skip
 
 
 if NATIVE is None:
