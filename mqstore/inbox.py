@@ -22,7 +22,8 @@ Ledger (written with ``write_json_atomically``)::
      "checksum": "<xxh3_64 hex of the canonical JSON of 'body'>"}
 
 Ingesting one file: validate all of it (``read_spool``) and check that every topic
-and partition exists; append its blocks in order (one ``put_batch`` each); make the
+and partition exists; append its blocks in order (one ``put_batch_buffers`` each, or
+``append_records`` for a block with keys or headers); make the
 CommitLog durable up to there; record the name as done in the ledger; delete the
 file. A name already in the ledger is deleted without appending: a retried Spark
 task rewrites the same name, so its rows go in once.
@@ -56,6 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
+import numpy as np
 
 from commitlog.errors import (
     CorruptDataError,
@@ -114,13 +116,15 @@ class Target(Protocol):
 
     def describe_topic(self, name: str) -> TopicConfig: ...
 
-    def put_batch(
+    def put_batch_buffers(
         self,
         topic: str,
         queue_id: int,
-        bodies: Sequence[bytes | bytearray | memoryview | None],
+        offsets: np.ndarray,
+        data: Any,
         *,
-        born_timestamp_ms: Sequence[int | None] | int | None = None,
+        nulls: np.ndarray | None = None,
+        born_timestamp_ms: np.ndarray | int | None = None,
     ) -> Any: ...
 
     def append_records(
@@ -275,7 +279,7 @@ class Inbox:
             for block in spool.blocks(first):
                 self._append(block)
                 done += 1
-                rows += len(block.values)
+                rows += block.rows
         except (InvalidArgumentError, InvalidTypeError, LimitExceededError) as error:
             return done, rows, SpoolRejectedError(f"{spool.path}, block {done}: {error}")
         except StoreError as error:  # CorruptSpoolError, DiskFullError...
@@ -284,23 +288,37 @@ class Inbox:
 
     def _append(self, block: Block) -> None:
         target, topic, partition = self._target, block.topic, block.partition
-        if block.keys is None and block.headers is None:  # bodies straight into one batch
-            target.put_batch(topic, partition, block.values, born_timestamp_ms=block.timestamps_ms)
+        if block.keys is None and block.headers is None:  # the value column as it lies
+            target.put_batch_buffers(
+                topic,
+                partition,
+                block.value_offsets,
+                block.data,
+                nulls=block.value_nulls,
+                born_timestamp_ms=self._born_times(block.stamps_ms),
+            )
             return
-        count = len(block.values)
+        values, count = block.values, block.rows
         keys = block.keys or [None] * count
         headers = block.headers or [[]] * count
         stamps = block.timestamps_ms or [None] * count
         records = [
             ProducerRecord(
                 None if keys[i] is None else bytes(keys[i]),  # type: ignore[arg-type]
-                block.values[i],  # type: ignore[arg-type]
+                values[i],  # type: ignore[arg-type]
                 headers[i],  # type: ignore[arg-type]
                 stamps[i],
             )
             for i in range(count)
         ]
         target.append_records(topic, partition, records)
+
+    def _born_times(self, stamps_ms: np.ndarray | None) -> np.ndarray | None:
+        """A block's timestamps as born times: a row without one (-1) is born now, as
+        the store stamps a put without a born time."""
+        if stamps_ms is None or int(stamps_ms.min()) >= 0:
+            return stamps_ms
+        return np.where(stamps_ms < 0, self._clock_ms(), stamps_ms)
 
     def _quarantine(self, name: str, error: StoreError, blocks_done: int) -> Quarantined:
         """Move a refused file aside with a note; never delete its rows."""

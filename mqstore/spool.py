@@ -17,7 +17,8 @@ On disk (little-endian)::
     | block 0 | block 1 | ...                       (payload_bytes)  |
     +---------------------------------------------------------------+
 
-    block: rows of one topic and partition, appended with one put_batch
+    block: rows of one topic and partition, appended with one put_batch_buffers
+    (append_records when it has keys or headers)
     +---------------------------------------------------------------+
     | BLOCK_HEADER (24 bytes)                                       |
     |   row_count      u32   1..BLOCK_ROWS_MAX                      |
@@ -102,17 +103,39 @@ class CorruptSpoolError(CorruptDataError):
     rows may be appended. Carries the file's path and the bad position."""
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Block:
-    """The decoded rows of one block. Values and keys are views of one bytes copy
-    of the block (the file's mapping is never exported)."""
+    """The decoded rows of one block, over one bytes copy of the block (the file's
+    mapping is never exported). Values are an Arrow-style binary column: value i is
+    ``data[value_offsets[i]:value_offsets[i + 1]]``, None where ``value_nulls[i]``;
+    the form ``MessageStore.put_batch_buffers`` takes, with no object per row."""
 
     topic: str
     partition: int
-    values: list[memoryview | None]
+    data: bytes
+    value_offsets: np.ndarray  # int64[rows + 1]: positions in ``data``
+    value_nulls: np.ndarray | None  # uint8[rows], 1: a null value; None: no null value
+    stamps_ms: np.ndarray | None  # int64[rows], -1: none; None: the block has none
     keys: list[memoryview | None] | None
-    timestamps_ms: list[int | None] | None
     headers: list[list[Header]] | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.value_offsets) - 1
+
+    @property
+    def values(self) -> list[memoryview | None]:
+        """The values one by one (views of ``data``): for rows with keys or headers."""
+        view = memoryview(self.data)
+        bounds = self.value_offsets.tolist()
+        nulls = [False] * self.rows if self.value_nulls is None else self.value_nulls.tolist()
+        return [None if n else view[bounds[i] : bounds[i + 1]] for i, n in enumerate(nulls)]
+
+    @property
+    def timestamps_ms(self) -> list[int | None] | None:
+        if self.stamps_ms is None:
+            return None
+        return [None if t < 0 else t for t in self.stamps_ms.tolist()]
 
 
 @attrs.frozen
@@ -172,8 +195,6 @@ class SpoolWriter:
         count = len(values)
         assert 0 < count <= BLOCK_ROWS_MAX
         assert keys is None or len(keys) == count
-        validate_topic(topic)
-        topic_raw = topic.encode("ascii")
         flags = 0
         arrays = [_lengths(values)]
         data = [b"".join(v for v in values if v)]
@@ -191,13 +212,65 @@ class SpoolWriter:
             encoded = [_encode_headers(h) for h in headers]
             arrays.append(np.array([len(e) for e in encoded], dtype=_I32))
             data.append(b"".join(encoded))
-        body = [topic_raw, *(a.tobytes() for a in arrays), *data]
-        data_bytes = sum(len(part) for part in body)
+        self._write_block(topic, partition, count, flags, [*arrays, *data])
+
+    def add_column_block(
+        self,
+        topic: str,
+        partition: int,
+        offsets: np.ndarray,
+        data: Any,
+        *,
+        nulls: np.ndarray | None = None,
+        timestamps_ms: np.ndarray | None = None,
+    ) -> None:
+        """``add_block`` for values laid out as an Arrow binary column (the form of
+        ``MessageStore.put_batch_buffers``): value i is ``data[offsets[i]:offsets[i+1]]``,
+        None where ``nulls[i]``; ``timestamps_ms`` int64, -1 for none. The bytes go
+        from ``data`` to the file with no object per row.
+
+        Raises:
+            LimitExceededError: the file would pass ``max_bytes``.
+        """
+        count = len(offsets) - 1
+        assert 0 < count <= BLOCK_ROWS_MAX
+        assert nulls is None or len(nulls) == count
+        bounds = np.asarray(offsets, dtype=np.int64)
+        spans = np.diff(bounds)
+        assert int(spans.min()) >= 0, "offsets never decrease"
+        assert int(spans.max()) < 1 << 31, "a value's length fits the i32 length array"
+        start, end = int(bounds[0]), int(bounds[-1])
+        values: Any = memoryview(data).cast("B")[start:end]
+        lengths = spans.astype(_I32)
+        if nulls is not None and nulls.any():
+            null = nulls.astype(bool)
+            lengths[null] = -1
+            if spans[null].any():  # Arrow lets a null span bytes; the file does not
+                values = np.frombuffer(values, np.uint8)[_kept_bytes(bounds - start, null)]
+        arrays: list[Any] = [lengths]
+        flags = 0
+        if timestamps_ms is not None and (timestamps_ms >= 0).any():
+            stamps = np.ascontiguousarray(timestamps_ms, dtype=_I64)
+            assert stamps.shape == (count,)
+            assert stamps.min() >= -1
+            flags |= HAS_TIMESTAMPS
+            arrays.append(stamps)
+        self._write_block(topic, partition, count, flags, [*arrays, values])
+
+    def _write_block(
+        self, topic: str, partition: int, count: int, flags: int, parts: list[Any]
+    ) -> None:
+        """Write one block: its header, topic, then ``parts`` (numpy arrays written
+        raw, and bytes-like data) in the order of the layout."""
+        validate_topic(topic)
+        topic_raw = topic.encode("ascii")
+        body = [memoryview(topic_raw), *(memoryview(p).cast("B") for p in parts)]
+        data_bytes = sum(part.nbytes for part in body)
         header = BLOCK_HEADER.pack(count, partition, flags, len(topic_raw), 0, data_bytes)
         if FILE_HEADER.size + self._payload_bytes + len(header) + data_bytes > self.max_bytes:
             raise LimitExceededError(f"spool file {self.final_path} would pass {self.max_bytes} B")
         assert self.blocks < BLOCKS_MAX
-        for part in (header, *body):
+        for part in (memoryview(header), *body):
             self._handle.write(part)
             self._hash.update(part)
         self._payload_bytes += len(header) + data_bytes
@@ -226,6 +299,14 @@ class SpoolWriter:
             os.unlink(self.tmp_path)
         except FileNotFoundError:
             pass
+
+
+def _kept_bytes(offsets: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """A bool mask over ``offsets[0]..offsets[-1]`` that drops the bytes null items span."""
+    delta = np.zeros(int(offsets[-1] - offsets[0]) + 1, dtype=np.int64)
+    np.add.at(delta, offsets[:-1][null] - offsets[0], 1)
+    np.add.at(delta, offsets[1:][null] - offsets[0], -1)
+    return np.cumsum(delta[:-1]) == 0
 
 
 def _lengths(items: Sequence[bytes | None]) -> np.ndarray:
@@ -289,7 +370,6 @@ class Spool:
     def _decode(self, at: _BlockAt) -> Block:
         start = at.position + BLOCK_HEADER.size + len(at.topic)
         raw = self._mapping[start : at.position + BLOCK_HEADER.size + at.data_bytes]
-        view = memoryview(raw)
         rows, flags, cursor = at.rows, at.flags, 0
         value_len = np.frombuffer(raw, _I32, rows, cursor)
         cursor += 4 * rows
@@ -299,13 +379,16 @@ class Spool:
             cursor += 4 * rows
         stamps = None
         if flags & HAS_TIMESTAMPS:
-            stamps = [None if t < 0 else t for t in np.frombuffer(raw, _I64, rows, cursor).tolist()]
+            stamps = np.frombuffer(raw, _I64, rows, cursor)
             cursor += 8 * rows
         header_len = None
         if flags & HAS_HEADERS:
             header_len = np.frombuffer(raw, _I32, rows, cursor)
             cursor += 4 * rows
-        values, cursor = _slices(view, cursor, value_len)
+        value_offsets = _offsets(cursor, value_len)
+        value_nulls = (value_len < 0).view(np.uint8) if int(value_len.min()) < 0 else None
+        cursor = int(value_offsets[-1])
+        view = memoryview(raw)
         keys = None
         if key_len is not None:
             keys, cursor = _slices(view, cursor, key_len)
@@ -314,19 +397,27 @@ class Spool:
             sections, cursor = _slices(view, cursor, header_len)
             headers = [_decode_headers(s, self.path, at.position) for s in sections]
         assert cursor == len(raw), "validated at open"
-        return Block(at.topic, at.partition, values, keys, stamps, headers)
+        return Block(at.topic, at.partition, raw, value_offsets, value_nulls, stamps, keys, headers)
+
+
+def _offsets(cursor: int, lengths: np.ndarray) -> np.ndarray:
+    """int64[rows + 1] positions of items laid out one after the other from ``cursor``
+    (a negative length, a null, takes no bytes)."""
+    offsets = np.empty(len(lengths) + 1, dtype=np.int64)
+    offsets[0] = cursor
+    np.cumsum(np.maximum(lengths, 0), out=offsets[1:])
+    offsets[1:] += cursor
+    return offsets
 
 
 def _slices(
     view: memoryview, cursor: int, lengths: np.ndarray
 ) -> tuple[list[memoryview | None], int]:
-    ends = np.cumsum(np.maximum(lengths, 0)) + cursor
-    starts = ends - np.maximum(lengths, 0)
+    bounds = _offsets(cursor, lengths).tolist()
     out: list[memoryview | None] = [
-        None if n < 0 else view[s:e]
-        for s, e, n in zip(starts.tolist(), ends.tolist(), lengths.tolist(), strict=True)
+        None if n < 0 else view[bounds[i] : bounds[i + 1]] for i, n in enumerate(lengths.tolist())
     ]
-    return out, int(ends[-1]) if len(ends) else cursor
+    return out, bounds[-1]
 
 
 def _decode_headers(section: memoryview | None, path: str, position: int) -> list[Header]:

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mqstore import (
@@ -83,6 +84,34 @@ def test_ingest_appends_each_file_once_with_keys_headers_and_timestamps(tmp_path
         assert _inbox_names(root) == [LEDGER_NAME]
 
 
+def test_a_value_only_block_goes_in_as_its_columns_and_rows_without_a_time_are_born_now(
+    tmp_path,
+):
+    root = str(tmp_path / "s")
+    now_ms = 1_800_000_000_000
+    with MessageStore.open(root, StoreConfig(**QUIET), clock_ms=lambda: now_ms) as store:
+        store.create_topic("out", 1)
+        directory = os.path.join(root, INBOX_DIR)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "task-0" + SPOOL_SUFFIX)
+        with SpoolWriter(path, max_bytes=1 << 30) as writer:
+            writer.add_column_block(
+                "out",
+                0,
+                np.array([3, 4, 6, 8], dtype=np.int64),
+                b"...a##bc",  # a null may span bytes in Arrow; they are not a value
+                nulls=np.array([0, 1, 0], dtype=np.uint8),
+                timestamps_ms=np.array([1000, -1, 3000], dtype=np.int64),
+            )
+            writer.add_column_block("out", 0, np.array([0, 1], dtype=np.int64), b"d")
+            writer.commit()
+        assert store.inbox is not None
+        assert store.inbox.ingest().rows == 4
+        records = store.read_records("out", 0, 0, 10)
+        assert [r.value for r in records] == [b"a", None, b"bc", b"d"]
+        assert [r.timestamp_ms for r in records] == [1000, now_ms, 3000, now_ms]
+
+
 def test_the_scheduled_job_ingests_while_the_store_is_open(tmp_path):
     root = str(tmp_path / "s")
     with MessageStore.open(root, StoreConfig(**{**SMALL, "inbox_interval_ms": 20})) as store:
@@ -131,7 +160,8 @@ def test_a_file_for_a_missing_partition_is_rejected_before_any_append(tmp_path):
 
 
 class _FailingStore:
-    """The real store, with put_batch failing with ``error`` once at call ``fail_at``."""
+    """The real store, with put_batch_buffers failing with ``error`` once at call
+    ``fail_at``."""
 
     def __init__(self, store, fail_at, error):
         self.store = store
@@ -145,11 +175,11 @@ class _FailingStore:
     def append_records(self, topic, partition, records):
         return self.store.append_records(topic, partition, records)
 
-    def put_batch(self, topic, queue_id, bodies, **kwargs):
+    def put_batch_buffers(self, topic, queue_id, offsets, data, **kwargs):
         self.calls += 1
         if self.calls == self.fail_at:
             raise self.error
-        return self.store.put_batch(topic, queue_id, bodies, **kwargs)
+        return self.store.put_batch_buffers(topic, queue_id, offsets, data, **kwargs)
 
 
 @pytest.mark.parametrize("closing", [False, True])
@@ -204,14 +234,14 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "after_block":
-    put_batch = store.put_batch
+    put_batch_buffers = store.put_batch_buffers
     def counted(*args, **kwargs):
-        result = put_batch(*args, **kwargs)
+        result = put_batch_buffers(*args, **kwargs)
         calls[0] += 1
         if calls[0] == at:
             die()
         return result
-    store.put_batch = counted
+    store.put_batch_buffers = counted
 else:
     mark_done = inbox_module._Ledger.mark_done
     def counted(self, *args):

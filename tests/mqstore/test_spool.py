@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,3 +175,65 @@ def test_structure_is_checked_even_when_the_checksum_matches(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptSpoolError, match="block holds"):
         read_spool(str(path))
+
+
+def _column(values, gap):
+    """``values`` as an Arrow-style binary column: offsets into one buffer that starts
+    with ``gap`` unused bytes, and a null spanning ``gap`` bytes of garbage (Arrow
+    allows it; the file must not keep them)."""
+    data, offsets, nulls = bytearray(b"?" * gap), [gap], []
+    for value in values:
+        data += b"#" * gap if value is None else value
+        offsets.append(len(data))
+        nulls.append(value is None)
+    return np.array(offsets, dtype=np.int64), bytes(data), np.array(nulls, dtype=np.uint8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.none() | st.binary(max_size=30), st.none() | st.integers(0, 2**62)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 7),
+)
+def test_a_column_block_is_the_block_add_block_writes(tmp_path_factory, rows, gap):
+    directory = tmp_path_factory.mktemp("spool")
+    values = [r[0] for r in rows]
+    stamps = [r[1] for r in rows]
+    by_rows = directory / f"rows{SPOOL_SUFFIX}"
+    _write(by_rows, [("t", 2, values, {"timestamps_ms": stamps})])
+    by_column = directory / f"column{SPOOL_SUFFIX}"
+    offsets, data, nulls = _column(values, gap)
+    with SpoolWriter(str(by_column), max_bytes=MAX_BYTES) as writer:
+        writer.add_column_block(
+            "t",
+            2,
+            offsets,
+            data,
+            nulls=nulls,
+            timestamps_ms=np.array([-1 if t is None else t for t in stamps], dtype=np.int64),
+        )
+        writer.commit()
+    assert by_column.read_bytes() == by_rows.read_bytes()
+
+
+def test_a_block_decodes_to_the_columns_put_batch_buffers_takes(tmp_path):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    _write(path, [("t", 0, [b"ab", None, b"", b"cde"], {"timestamps_ms": [None, 7, None, 9]})])
+    with read_spool(str(path)) as spool:
+        (block,) = spool.blocks()
+    assert block.rows == 4
+    starts, ends = block.value_offsets[:-1], block.value_offsets[1:]
+    spans = [block.data[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+    assert spans == [b"ab", b"", b"", b"cde"]
+    assert block.value_nulls is not None
+    assert block.value_nulls.tolist() == [0, 1, 0, 0]
+    assert block.stamps_ms is not None
+    assert block.stamps_ms.tolist() == [-1, 7, -1, 9]
+    assert _rows(block) == ([b"ab", None, b"", b"cde"], None, [None, 7, None, 9], None)
+    _write(path, [("t", 0, [b"x", b"y"], {})])
+    with read_spool(str(path)) as spool:
+        (block,) = spool.blocks()
+    assert (block.value_nulls, block.stamps_ms) == (None, None)  # nothing to carry
