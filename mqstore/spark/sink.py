@@ -4,35 +4,42 @@ Input columns, as for Spark's Kafka sink: ``value`` (binary or string, required;
 null is a tombstone), ``key`` (binary or string), ``topic`` (string; else option
 ``topic``), ``partition`` (int; else murmur2 of the key as Kafka's default
 partitioner, round-robin for null keys), ``headers`` (array<struct<key:string,
-value:binary>>), ``timestamp`` (timestamp; CreateTime).
+value:binary>>), ``timestamp`` (timestamp; CreateTime; null: the time of the write).
+A batch of value (and timestamp) only goes in as the value column's Arrow buffers
+(``put_batch_buffers``, no Python object per row); other columns go row by row.
 
 The single-writer rule: the store has one writer, guarded by an flock on
 ``<root>/lock``. A write task tries to take it (waiting up to ``lockTimeoutMs``,
 default 0):
 
 - free: the task opens the store AS the writer, appends the inbox's waiting spool
-  files first (so that earlier rows stay first), appends its rows, closes (flush +
+  files first (so that earlier rows stay first), appends its rows, taking the spool
+  files that arrive between its Arrow batches (a sibling task's), closes (flush +
   checkpoint) and so releases the lock;
-- held (a running service, or a sibling task): the task writes its rows to one spool
-  file ``<root>/inbox/<sinkId>.<run>.p<partition>.spool`` (``mqstore.spool``: temp
-  name, fsync, rename), and the lock holder appends it (``mqstore.inbox``). The task
-  then waits up to ``spoolWaitMs`` (default 60 s) until the file is ingested, taking
-  the lock itself whenever it is free, so that in the usual case its rows are
-  readable when the task succeeds. If the wait times out the task still succeeds:
-  the rows are durable in the spool and become readable at the writer's next inbox
-  tick (``StoreConfig.inbox_interval_ms``), or when a writer next opens the store.
-  A file the writer refuses (unknown partition, corrupt) is quarantined and the task
-  fails with its typed error.
+- held (a running service, or a sibling task): the task writes its rows to spool
+  files ``<root>/inbox/<sinkId>.<run>.p<partition>.c<k>.spool`` (``mqstore.spool``:
+  temp name, fsync, rename) of SPOOL_FILE_ROWS_MAX rows each, file k holding the
+  task's rows [k * max, (k + 1) * max). Each file is committed when full, so the lock
+  holder (``mqstore.inbox``) appends it while the task writes the next: two tasks of
+  one write append side by side. The task then waits up to ``spoolWaitMs`` (default
+  60 s) until its files are ingested, taking the lock itself whenever it is free, so
+  that in the usual case its rows are readable when the task succeeds. If the wait
+  times out the task still succeeds: the rows are durable in the spool and become
+  readable at the writer's next inbox tick (``StoreConfig.inbox_interval_ms``), or
+  when a writer next opens the store. A file the writer refuses (unknown partition,
+  corrupt) is quarantined and the task fails with its typed error.
 
 ``<run>`` is ``q<queryId>.b<batchId>`` when streaming, ``w<writeId>`` (one id per
-DataFrame write) otherwise. A retried task rewrites the same name: the ingest
-ledger appends a name once, so a retry after a successful spool adds nothing.
+DataFrame write) otherwise. A retried task rewrites the same names with the same rows
+(file k is fixed by row position): the ingest ledger appends a name once, so a retry
+after a successful spool adds nothing.
 
-Delivery is at-least-once: a task that fails after appending directly is retried
-and appends again. Streaming adds an idempotent commit per batchId: ``commit``
-records the batchId in ``<root>/spark-sinks/<sinkId>.json``, and a replayed batch
-whose id is already committed (a restart from a checkpoint that missed Spark's own
-commit) is skipped by every task.
+Delivery is at-least-once: a task that fails after appending directly, or after
+committing some of its spool files, is retried and appends again (the committed
+files once). Streaming adds an idempotent commit per batchId: ``commit`` records
+the batchId in ``<root>/spark-sinks/<sinkId>.json``, and a replayed batch whose id
+is already committed (a restart from a checkpoint that missed Spark's own commit)
+is skipped by every task.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -71,7 +78,11 @@ ROWS_PER_APPEND_MAX: Final = BLOCK_ROWS_MAX  # rows per put_batch: bounds the ap
 LOCK_TIMEOUT_MS_DEFAULT: Final = 0  # a held lock means a live writer: spool at once
 SPOOL_WAIT_MS_DEFAULT: Final = 60_000  # a task waits this long for its spool to be ingested
 SPOOL_POLL_S: Final = 0.02  # how often a waiting task looks at the inbox and the lock
-SPOOL_FILE_BYTES_MAX: Final = 2 << 30  # one task's spool file; the ingest maps it, never reads it
+SPOOL_FILE_BYTES_MAX: Final = 2 << 30  # one spool file; the ingest maps it, never reads it
+# Rows per spool file: a locked-out task commits a file this full and starts the next,
+# so that the lock holder appends its rows while it still writes. 16 blocks: about
+# 14 MB at 100 B values, three small fsyncs (file, ledger, directory) per file.
+SPOOL_FILE_ROWS_MAX: Final = 16 * BLOCK_ROWS_MAX
 DRAIN_ROUNDS_MAX: Final = 8  # writer opens one hand-off may make while files keep arriving
 SINKS_DIR: Final = "spark-sinks"
 _COLUMNS: Final = ("value", "key", "topic", "partition", "headers", "timestamp")
@@ -150,6 +161,42 @@ def _as_binary(column: pa.Array) -> pa.Array:
     return column
 
 
+def _binary_buffers(column: pa.Array) -> tuple[np.ndarray, Any, np.ndarray | None]:
+    """A binary or string column as Arrow lays it out, without copying its bytes:
+    (offsets int64[n + 1] into data, the data buffer, uint8 null flags or None)."""
+    kind = column.type
+    offset_type: type[np.signedinteger[Any]]
+    if pa.types.is_binary(kind) or pa.types.is_string(kind):
+        offset_type = np.int32
+    elif pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        offset_type = np.int64
+    else:
+        raise InvalidArgumentError(f"key and value must be binary or string, not {kind}")
+    count = len(column)
+    assert count > 0
+    _, offsets_buffer, data_buffer = column.buffers()
+    assert offsets_buffer is not None
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)
+    offsets = offsets[column.offset : column.offset + count + 1].astype(np.int64)
+    assert len(offsets) == count + 1
+    nulls = None
+    if column.null_count:
+        nulls = column.is_null().to_numpy(zero_copy_only=False).view(np.uint8)
+    return offsets, b"" if data_buffer is None else data_buffer, nulls
+
+
+def _born_times_ms(column: pa.Array) -> np.ndarray | None:
+    """Spark timestamps (microseconds) as born times in ms; a null one is the time of
+    the write, as Kafka's producer stamps a record without one. None: all null."""
+    if column.null_count == len(column):
+        return None
+    micros = pc.fill_null(column.cast(pa.int64()), 0).to_numpy()
+    stamps = np.floor_divide(micros, 1000)
+    if column.null_count:
+        stamps[column.is_null().to_numpy(zero_copy_only=False)] = time.time_ns() // 1_000_000
+    return stamps
+
+
 class _Appender:
     """Appends Arrow batches, grouped per (topic, partition), to ``store``: the store
     opened as the writer, or a ``_SpoolSink``. ``topics`` answers describe_topic."""
@@ -167,28 +214,10 @@ class _Appender:
         if not count:
             return
         names = batch.schema.names
-        values = _as_binary(batch.column("value")).to_pylist()
         if not {"key", "partition", "topic", "headers"} & set(names):
-            # Kafka's sticky partitioner: a batch of null-key rows goes to one partition.
-            assert self.options.topic is not None
-            topic = self.options.topic
-            partition = next(self._round_robin) % self._partition_count(topic)
-            stamps_all = None
-            if "timestamp" in names:
-                micros = batch.column("timestamp").cast(pa.int64())
-                stamps_all = pc.divide(micros, 1000).to_pylist()
-            for first in range(0, count, ROWS_PER_APPEND_MAX):
-                self.store.put_batch_arrays(
-                    topic,
-                    partition,
-                    values[first : first + ROWS_PER_APPEND_MAX],
-                    born_timestamp_ms=None
-                    if stamps_all is None
-                    else stamps_all[first : first + ROWS_PER_APPEND_MAX],
-                )
-            name = f"{topic}/{partition}"
-            self.rows[name] = self.rows.get(name, 0) + count
+            self._append_values(batch)
             return
+        values = _as_binary(batch.column("value")).to_pylist()
         keys = _as_binary(batch.column("key")).to_pylist() if "key" in names else None
         topics = self._topics(batch)
         partitions = self._choose_partitions(batch, topics, keys)
@@ -207,6 +236,31 @@ class _Appender:
                 self._append_chunk(topic, partition, chunk, values, keys, headers, stamps)
             name = f"{topic}/{partition}"
             self.rows[name] = self.rows.get(name, 0) + len(rows)
+
+    def _append_values(self, batch: pa.RecordBatch) -> None:
+        """The fast path (value and timestamp only): the value column's Arrow buffers
+        go to ``put_batch_buffers`` as they are, no Python object per row. Kafka's
+        sticky partitioner: a batch of null-key rows goes to one partition."""
+        assert self.options.topic is not None
+        topic = self.options.topic
+        partition = next(self._round_robin) % self._partition_count(topic)
+        offsets, data, nulls = _binary_buffers(batch.column("value"))
+        stamps = None
+        if "timestamp" in batch.schema.names:
+            stamps = _born_times_ms(batch.column("timestamp"))
+        count = batch.num_rows
+        for first in range(0, count, ROWS_PER_APPEND_MAX):
+            last = min(count, first + ROWS_PER_APPEND_MAX)
+            self.store.put_batch_buffers(
+                topic,
+                partition,
+                offsets[first : last + 1],
+                data,
+                nulls=None if nulls is None else nulls[first:last],
+                born_timestamp_ms=None if stamps is None else stamps[first:last],
+            )
+        name = f"{topic}/{partition}"
+        self.rows[name] = self.rows.get(name, 0) + count
 
     def _topics(self, batch: pa.RecordBatch) -> list[str]:
         if "topic" in batch.schema.names:
@@ -275,18 +329,18 @@ class _Appender:
 
 
 class _SpoolSink:
-    """The writer interface _Appender uses, writing blocks of one spool file (created
-    at the first block: an empty task leaves no file)."""
+    """The writer interface _Appender uses, writing a task's rows to spool files of
+    SPOOL_FILE_ROWS_MAX rows each: file k holds rows [k * max, (k + 1) * max) of the
+    task, under ``<stem>.c<k>.spool``. Each full file is committed at once, so the
+    lock holder appends it while the task writes the next; the last one is committed
+    by ``commit``. A file is created at its first block: an empty task leaves none."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, directory: str, stem: str) -> None:
+        self.directory = directory
+        self.stem = stem
         self.writer: SpoolWriter | None = None
-
-    def _writer(self) -> SpoolWriter:
-        if self.writer is None:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.writer = SpoolWriter(self.path, max_bytes=SPOOL_FILE_BYTES_MAX)
-        return self.writer
+        self.committed: list[str] = []  # paths of the committed files, in row order
+        self.first_commit_s: float | None = None
 
     def put_batch_arrays(
         self,
@@ -296,71 +350,156 @@ class _SpoolSink:
         *,
         born_timestamp_ms: list[int | None] | None = None,
     ) -> None:
-        self._writer().add_block(topic, partition, values, timestamps_ms=born_timestamp_ms)
+        def add(writer: SpoolWriter, first: int, last: int) -> None:
+            stamps = None if born_timestamp_ms is None else born_timestamp_ms[first:last]
+            writer.add_block(topic, partition, values[first:last], timestamps_ms=stamps)
+
+        self._add(len(values), add)
+
+    def put_batch_buffers(
+        self,
+        topic: str,
+        partition: int,
+        offsets: np.ndarray,
+        data: Any,
+        *,
+        nulls: np.ndarray | None = None,
+        born_timestamp_ms: np.ndarray | None = None,
+    ) -> None:
+        def add(writer: SpoolWriter, first: int, last: int) -> None:
+            writer.add_column_block(
+                topic,
+                partition,
+                offsets[first : last + 1],
+                data,
+                nulls=None if nulls is None else nulls[first:last],
+                timestamps_ms=None if born_timestamp_ms is None else born_timestamp_ms[first:last],
+            )
+
+        self._add(len(offsets) - 1, add)
 
     def append_records(self, topic: str, partition: int, records: list[ProducerRecord]) -> None:
-        self._writer().add_block(
-            topic,
-            partition,
-            [r.value for r in records],
-            keys=[r.key for r in records],
-            timestamps_ms=[r.timestamp_ms for r in records],
-            headers=[list(r.headers) for r in records],
-        )
+        def add(writer: SpoolWriter, first: int, last: int) -> None:
+            chunk = records[first:last]
+            writer.add_block(
+                topic,
+                partition,
+                [r.value for r in chunk],
+                keys=[r.key for r in chunk],
+                timestamps_ms=[r.timestamp_ms for r in chunk],
+                headers=[list(r.headers) for r in chunk],
+            )
+
+        self._add(len(records), add)
+
+    def _add(self, count: int, add: Callable[[SpoolWriter, int, int], None]) -> None:
+        """Write ``count`` rows with ``add(writer, first, last)``, splitting them where
+        a file reaches SPOOL_FILE_ROWS_MAX rows and committing the full file."""
+        first = 0
+        while first < count:
+            writer = self._writer()
+            last = first + min(count - first, SPOOL_FILE_ROWS_MAX - writer.rows)
+            add(writer, first, last)
+            first = last
+            assert writer.rows <= SPOOL_FILE_ROWS_MAX
+            if writer.rows == SPOOL_FILE_ROWS_MAX:
+                self._commit_open_file()
+
+    def _writer(self) -> SpoolWriter:
+        if self.writer is None:
+            os.makedirs(self.directory, exist_ok=True)
+            name = f"{self.stem}.c{len(self.committed):06d}{SPOOL_SUFFIX}"
+            path = os.path.join(self.directory, name)
+            self.writer = SpoolWriter(path, max_bytes=SPOOL_FILE_BYTES_MAX)
+        return self.writer
+
+    def _commit_open_file(self) -> None:
+        writer = self.writer
+        assert writer is not None
+        writer.commit()  # durable under its final name: the writer may take it
+        self.committed.append(writer.final_path)
+        if self.first_commit_s is None:
+            self.first_commit_s = time.time()
+        self.writer = None
+
+    def commit(self) -> list[str]:
+        """Commit the last file; return the paths of every file committed."""
+        if self.writer is not None:
+            self._commit_open_file()
+        return self.committed
+
+    def abort(self) -> None:
+        """Remove the file being written, if any (committed files stay: at-least-once)."""
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
 
 
-def _write(
-    options: WriteOptions, batches: Iterator[pa.RecordBatch], spool_name: str
-) -> WriteResult:
+def _write(options: WriteOptions, batches: Iterator[pa.RecordBatch], stem: str) -> WriteResult:
     """Append directly when the writer lock is free, else spool (module docstring)."""
     store = try_open_writer(options.path, options.lock_timeout_ms)
     if store is None:
-        return _spool(options, batches, spool_name)
+        return _spool(options, batches, stem)
+    inbox_dir = os.path.join(options.path, INBOX_DIR)
     try:
         assert store.inbox is not None
         store.inbox.ingest()  # rows spooled before ours go in first
         appender = _Appender(store, store, options)
         for batch in batches:
             appender.append(batch)
+            if pending_spools(inbox_dir):  # a sibling task's full spool file: take it now
+                store.inbox.ingest()
+        store.inbox.ingest()  # and those committed meanwhile, before we let go
     finally:
         store.close()
-    drain_inbox(options.path)  # files spooled while we held the lock
+    drain_inbox(options.path)  # files committed while we closed
     return WriteResult(appender.rows)
 
 
-def _spool(options: WriteOptions, batches: Iterator[pa.RecordBatch], name: str) -> WriteResult:
-    path = os.path.join(options.path, INBOX_DIR, name)
-    sink = _SpoolSink(path)
+def _spool(options: WriteOptions, batches: Iterator[pa.RecordBatch], stem: str) -> WriteResult:
+    sink = _SpoolSink(os.path.join(options.path, INBOX_DIR), stem)
     appender = _Appender(sink, cached_reader(options.path).store, options)
     try:
         for batch in batches:
             appender.append(batch)
-        if sink.writer is None:
-            return WriteResult({}, spooled=True)
-        sink.writer.commit()  # durable under its final name: the writer may take it
-        committed_s = time.time()
+        paths = sink.commit()
     finally:
-        if sink.writer is not None:
-            sink.writer.abort()  # removes the temporary file if commit did not happen
-    ingested = _await_ingest(options, path, committed_s)
+        sink.abort()  # removes the file being written if commit did not happen
+    if not paths:
+        return WriteResult({}, spooled=True)
+    assert sink.first_commit_s is not None
+    ingested = _await_ingest(options, paths, sink.first_commit_s)
     return WriteResult(appender.rows, spooled=True, ingested=ingested)
 
 
-def _await_ingest(options: WriteOptions, path: str, committed_s: float) -> bool:
-    """Wait until the spool file at ``path`` is ingested, draining the inbox whenever
-    the lock is free; True if ingested within ``spoolWaitMs``.
+def _await_ingest(options: WriteOptions, paths: list[str], committed_s: float) -> bool:
+    """Wait until the spool files at ``paths`` are ingested, draining the inbox
+    whenever the lock is free; True if all were ingested within ``spoolWaitMs``.
 
     Raises:
-        SpoolRejectedError: the writer quarantined the file.
+        SpoolRejectedError: the writer quarantined one of them.
     """
     deadline = time.monotonic() + options.spool_wait_ms / 1000
+    waiting = list(paths)
     while True:
+        waiting = [path for path in waiting if os.path.exists(path)]
+        if not waiting:
+            break
         drain_inbox(options.path)
-        if not os.path.exists(path):
+        waiting = [path for path in waiting if os.path.exists(path)]
+        if not waiting:
             break
         if time.monotonic() >= deadline:
             return False
         time.sleep(SPOOL_POLL_S)
+    for path in paths:
+        _raise_if_quarantined(path, committed_s)
+    return True
+
+
+def _raise_if_quarantined(path: str, committed_s: float) -> None:
+    """Raises SpoolRejectedError: the spool file at ``path`` went to quarantine (a note
+    newer than our commit, not one left by an earlier run under the same name)."""
     note = os.path.join(os.path.dirname(path), QUARANTINE_DIR, os.path.basename(path) + ".json")
     try:
         with open(note, encoding="utf-8") as handle:
@@ -371,7 +510,6 @@ def _await_ingest(options: WriteOptions, path: str, committed_s: float) -> bool:
                 )
     except FileNotFoundError:
         pass
-    return True
 
 
 def drain_inbox(path: str) -> int:
@@ -406,8 +544,8 @@ class BatchWriter(DataSourceArrowWriter):
         self.write_id = uuid.uuid4().hex  # made on the driver: one per DataFrame write
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        name = f"{self.options.sink_id}.w{self.write_id}.p{_partition_id():05d}{SPOOL_SUFFIX}"
-        return _write(self.options, iterator, name)
+        stem = f"{self.options.sink_id}.w{self.write_id}.p{_partition_id():05d}"
+        return _write(self.options, iterator, stem)
 
 
 def _marker_path(root: str, sink_id: str) -> str:
@@ -458,11 +596,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 pass
             return WriteResult({}, skipped=True)
         query_id = _local_property("sql.streaming.queryId") or "none"
-        name = (
-            f"{self.options.sink_id}.q{query_id}.b{batch_id or 0:010d}"
-            f".p{_partition_id():05d}{SPOOL_SUFFIX}"
-        )
-        return _write(self.options, iterator, name)
+        stem = f"{self.options.sink_id}.q{query_id}.b{batch_id or 0:010d}.p{_partition_id():05d}"
+        return _write(self.options, iterator, stem)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if batchId <= committed_batch_id(self.options.path, self.options.sink_id):
