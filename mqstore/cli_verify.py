@@ -54,6 +54,7 @@ from mqstore.cli_dump import (
     walk_batches,
     walk_commitlog,
 )
+from mqstore.layout import load_layout
 from mqstore.offsets import OffsetStore
 from mqstore.topics import TopicRegistry
 
@@ -423,13 +424,13 @@ def file_stats(root: str, log_end: int) -> dict[str, Any]:
 def disk_layout(root: str) -> dict[str, int]:
     """The StoreConfig fields fixed by existing files: CommitLog file size,
     ConsumeQueue units per file, and the newest index file's slots and entries."""
-    layout: dict[str, int] = {}
+    layout: dict[str, int] = dict(load_layout(root) or {})  # recorded by the writer
     commitlog = _CommitLogFiles(os.path.join(root, "commitlog"))
-    if commitlog.starts:
+    if commitlog.starts and "commitlog_file_size_bytes" not in layout:
         size_bytes = os.path.getsize(commitlog.path(commitlog.starts[0]))
         layout["commitlog_file_size_bytes"] = size_bytes
     unit_files = _queue_files(root)
-    if unit_files:
+    if unit_files and "consumequeue_units_per_file" not in layout:
         layout["consumequeue_units_per_file"] = os.path.getsize(unit_files[0][2]) // UNIT_SIZE_BYTES
     index_dir = os.path.join(root, "index")
     names = os.listdir(index_dir) if os.path.isdir(index_dir) else []

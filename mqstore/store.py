@@ -7,6 +7,7 @@ On disk (one store = one directory)::
     <root>/abort         present while a writer has the store open
     <root>/checkpoint    flushed and dispatched positions (two checksummed slots)
     <root>/topics        topic metadata (atomic JSON)
+    <root>/layout        file sizes the store was created with (mqstore.layout)
     <root>/commitlog/    the CommitLog files
     <root>/consumequeue/ per topic and queue
     <root>/index/        key index files
@@ -58,6 +59,7 @@ from mqstore import retention
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
 from mqstore.inbox import INBOX_DIR, Inbox
+from mqstore.layout import check_layout
 from mqstore.message import Message, PutResult
 from mqstore.services import Scheduler
 from mqstore.topics import TopicRegistry
@@ -160,6 +162,8 @@ class MessageStore(CommitLogEngine):
         root, config, read_only = self.root, self.config, self.read_only
         if not read_only:
             self._lock = StoreLock.acquire(root)
+        check_layout(root, config, record=not read_only)  # before any file is touched
+        if not read_only:
             self.recovered_from_crash = mark_abort(root)
         self.topics = TopicRegistry(root, read_only)
         self._checkpoint_file = CheckpointFile(root, read_only)
