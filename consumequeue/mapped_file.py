@@ -321,7 +321,15 @@ def _map_existing(path: str, size_bytes: int, read_only: bool) -> mmap.mmap:
         if actual != size_bytes:
             raise CorruptDataError(path, actual, f"file is {actual} bytes, expected {size_bytes}")
         access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
-        return mmap.mmap(fd, size_bytes, access=access)
+        mapping = mmap.mmap(fd, size_bytes, access=access)
+        if not read_only:
+            # The writer's mappings skip readahead: a queue file is sparse and grows a
+            # page at a time, and a fault on its next page (an unwritten extent) would
+            # zero-fill a whole readahead window, measured here at ~2 ms a fault (512
+            # queues: 512 such faults and 1 s of system time in a 3 s window). Readers
+            # in other processes keep readahead for their sequential reads.
+            mapping.madvise(mmap.MADV_RANDOM)
+        return mapping
     except OSError as error:
         raise _wrap_os_error(error, f"map {path}") from error
     finally:
