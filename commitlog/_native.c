@@ -558,6 +558,162 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ scan_records() */
+
+#define BLANK_MAGIC 0x4D514232u
+#define FLAGS_KNOWN FLAG_NULL_BODY
+enum { SCAN_FULL = 0, SCAN_ZEROS = 1, SCAN_BLANK = 2, SCAN_INVALID = 3, SCAN_LIMIT = 4 };
+
+/* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as Python decodes. */
+static int valid_utf8(const uint8_t *p, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t n;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) {
+            n = 1;
+            cp = c & 0x1F;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 2;
+            cp = c & 0x0F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 3;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (i + n >= len) return 0; /* the last continuation byte is past the end */
+        for (size_t k = 1; k <= n; k++) {
+            if ((p[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        i += n + 1;
+    }
+    return 1;
+}
+
+/* scan_records(buffer, start, limit, file_start, positions, sizes, queue_offsets,
+ *              queue_ids, store_ts, topic_lens, topic_hashes) -> (end, count, status)
+ * Walk and fully verify records from start (as record.decode does: size, magic,
+ * checksum, physical offset, section lengths, flags, ASCII topic, UTF-8 tag) until
+ * the output arrays are full (status 0), zeros (1: the unwritten rest of the file),
+ * a blank record (2: end is then the file's end), a record that does not verify
+ * (3: end is where it starts), or limit (4). Outputs are per verified record: its
+ * position in the file, total size, queue offset, queue id, store timestamp, topic
+ * length and XXH64 of the topic bytes. Runs without the GIL. */
+static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "scan_records takes 11 arguments");
+        return NULL;
+    }
+    int64_t start, limit, file_start;
+    if (as_i64(args[1], &start) < 0 || as_i64(args[2], &limit) < 0 ||
+        as_i64(args[3], &file_start) < 0)
+        return NULL;
+    Py_buffer views[8];
+    int got = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[0], &views[0], PyBUF_SIMPLE) < 0) return NULL;
+    got = 1;
+    for (; got < 8; got++)
+        if (PyObject_GetBuffer(args[got + 3], &views[got], PyBUF_WRITABLE) < 0) goto done;
+    Py_ssize_t capacity = views[1].len / 8;
+    if (views[2].len < capacity * 4 || views[3].len < capacity * 8 || views[4].len < capacity * 4 ||
+        views[5].len < capacity * 8 || views[6].len < capacity || views[7].len < capacity * 8 ||
+        start < 0 || limit > views[0].len || start > limit) {
+        PyErr_SetString(PyExc_ValueError, "scan_records: outputs too short or bad range");
+        goto done;
+    }
+    const uint8_t *base = views[0].buf;
+    int64_t *pos_out = views[1].buf, *qoff_out = views[3].buf, *ts_out = views[5].buf;
+    int32_t *size_out = views[2].buf, *qid_out = views[4].buf;
+    uint8_t *tlen_out = views[6].buf;
+    uint64_t *thash_out = views[7].buf;
+    int64_t at = start;
+    Py_ssize_t count = 0;
+    int status = SCAN_LIMIT;
+    Py_BEGIN_ALLOW_THREADS
+    while (1) {
+        if (count == capacity) {
+            status = SCAN_FULL;
+            break;
+        }
+        if (at + BLANK_SIZE > limit) {
+            status = SCAN_LIMIT;
+            break;
+        }
+        const uint8_t *rec = base + at;
+        uint32_t total = read32(rec), magic = read32(rec + 4);
+        if (total == 0 && magic == 0) {
+            status = SCAN_ZEROS;
+            break;
+        }
+        uint64_t stored = read64(rec + 8);
+        if (magic == BLANK_MAGIC) {
+            uint64_t seed = (uint64_t)total | ((uint64_t)BLANK_MAGIC << 32);
+            if (total < BLANK_SIZE || at + total > limit || xxh64(rec, 0, seed) != stored) {
+                status = SCAN_INVALID;
+            } else {
+                status = SCAN_BLANK;
+                at += total;
+            }
+            break;
+        }
+        if (magic != MESSAGE_MAGIC || total < HEADER_SIZE || at + (int64_t)total > limit) {
+            status = SCAN_INVALID;
+            break;
+        }
+        uint64_t seed = (uint64_t)total | ((uint64_t)MESSAGE_MAGIC << 32);
+        if (xxh64(rec + BLANK_SIZE, total - BLANK_SIZE, seed) != stored) {
+            status = SCAN_INVALID;
+            break;
+        }
+        int64_t physical;
+        memcpy(&physical, rec + 24, 8);
+        uint32_t flags = read32(rec + 52), body_len = read32(rec + 56),
+                 props_len = read32(rec + 60);
+        uint16_t keys_len;
+        memcpy(&keys_len, rec + 64, 2);
+        uint8_t topic_len = rec[66], tag_len = rec[67];
+        uint64_t sections = (uint64_t)HEADER_SIZE + topic_len + tag_len + keys_len + props_len +
+                            body_len;
+        if (physical != file_start + at || sections != total || (flags & ~FLAGS_KNOWN)) {
+            status = SCAN_INVALID;
+            break;
+        }
+        const uint8_t *topic = rec + HEADER_SIZE;
+        int text_ok = 1;
+        for (uint8_t k = 0; k < topic_len; k++)
+            if (topic[k] >= 0x80) text_ok = 0;
+        if (!text_ok || !valid_utf8(topic + topic_len, tag_len)) {
+            status = SCAN_INVALID;
+            break;
+        }
+        pos_out[count] = at;
+        size_out[count] = (int32_t)total;
+        memcpy(&qoff_out[count], rec + 16, 8);
+        memcpy(&qid_out[count], rec + 48, 4);
+        memcpy(&ts_out[count], rec + 40, 8);
+        tlen_out[count] = topic_len;
+        thash_out[count] = xxh64(topic, topic_len, 0);
+        count++;
+        at += total;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(Lni)", (long long)at, count, status);
+done:
+    while (got-- > 0) PyBuffer_Release(&views[got]);
+    return result;
+}
+
 /* ------------------------------------------------------------------ verify_records() */
 
 /* verify_records(buffer, positions, sizes) -> index of the first record (at
@@ -767,6 +923,8 @@ static PyMethodDef methods[] = {
      "encode_run for bodies sharing topic, tag and born timestamp, no keys/properties."},
     {"encode_slices", (PyCFunction)(void (*)(void))py_encode_slices, METH_FASTCALL,
      "encode_bodies for bodies given as Arrow offsets and data."},
+    {"scan_records", (PyCFunction)(void (*)(void))py_scan_records, METH_FASTCALL,
+     "Walk and verify records from a position; per-record columns and why it stopped."},
     {"verify_records", (PyCFunction)(void (*)(void))py_verify_records, METH_FASTCALL,
      "Index of the first record failing its size, magic or checksum, or -1."},
     {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,

@@ -77,6 +77,7 @@ __all__ = [
     "encode_bodies",
     "encode_run",
     "encode_slices",
+    "scan_records",
     "gather",
     "verify_records",
     "encode_keys",
@@ -493,12 +494,69 @@ def encode_slices_py(
     )  # fmt: skip
 
 
+#: Why scan_records stopped (the C enum SCAN_* in commitlog/_native.c).
+SCAN_FULL: Final = 0  # the output arrays are full: call again from ``end``
+SCAN_ZEROS: Final = 1  # zeros: the unwritten rest of the file, the end of the log
+SCAN_BLANK: Final = 2  # an end-of-file blank record: ``end`` is the file's end
+SCAN_INVALID: Final = 3  # a record that does not verify starts at ``end``
+SCAN_LIMIT: Final = 4  # ``limit`` reached
+
+
+def scan_records_py(
+    buffer: Any,
+    start: int,
+    limit: int,
+    file_start: int,
+    positions: Any,
+    sizes: Any,
+    queue_offsets: Any,
+    queue_ids: Any,
+    store_ts_ms: Any,
+    topic_lens: Any,
+    topic_hashes: Any,
+) -> tuple[int, int, int]:
+    """Walk and verify records from ``start`` as ``decode`` does, filling one row of
+    the output arrays per record (position in the file, size, queue offset, queue id,
+    store timestamp, topic length, XXH64 of the topic bytes).
+
+    Returns:
+        (end, count, status): where the walk stopped, how many rows were filled, and
+        why (SCAN_*).
+    """
+    at, count, capacity = start, 0, len(positions)
+    while True:
+        if count == capacity:
+            return at, count, SCAN_FULL
+        if at + BLANK_SIZE > limit:
+            return at, count, SCAN_LIMIT
+        total, magic, _ = PREFIX.unpack_from(buffer, at)
+        if total == 0 and magic == 0:
+            return at, count, SCAN_ZEROS
+        try:
+            record = decode(buffer, at, limit, "", file_start)
+        except CorruptDataError:
+            return at, count, SCAN_INVALID
+        if record is None:
+            return at + total, count, SCAN_BLANK
+        topic = record.topic.encode("ascii")
+        positions[count] = at
+        sizes[count] = record.size
+        queue_offsets[count] = record.queue_offset
+        queue_ids[count] = record.queue_id
+        store_ts_ms[count] = record.store_ts_ms
+        topic_lens[count] = len(topic)
+        topic_hashes[count] = xxhash.xxh64_intdigest(topic)
+        at += record.size
+        count += 1
+
+
 if NATIVE is None:
     encode_into = encode_into_py
     encode_run = encode_run_py
     check_bodies = check_bodies_py
     encode_bodies = encode_bodies_py
     encode_slices = encode_slices_py
+    scan_records = scan_records_py
     verify_records = verify_records_py
     gather = gather_py
 else:
@@ -507,6 +565,7 @@ else:
     check_bodies = NATIVE.check_bodies
     encode_bodies = NATIVE.encode_bodies
     encode_slices = NATIVE.encode_slices
+    scan_records = NATIVE.scan_records
     verify_records = NATIVE.verify_records
     gather = NATIVE.gather
 

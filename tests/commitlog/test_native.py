@@ -259,3 +259,59 @@ def test_slices_encode_as_python_does(
         stop = record.encode_bodies_py(buffer, 50, file_size, 700, 3, 9, 5, 4, topic_b, tag_b,
                                        bodies, 0, positions)  # fmt: skip
         assert outputs[0] == (bytes(buffer), positions.tolist(), stop)
+
+
+def _scan_both(buffer: bytearray, start: int, limit: int, file_start: int, capacity: int):
+    assert NATIVE is not None
+    outputs = []
+    for run in (NATIVE.scan_records, record.scan_records_py):
+        dtypes = (np.int64, np.int32, np.int64, np.int32, np.int64, np.uint8, np.uint64)
+        columns = [np.zeros(capacity, dtype) for dtype in dtypes]
+        end, count, status = run(buffer, start, limit, file_start, *columns)
+        outputs.append((end, count, status, [c[:count].tolist() for c in columns]))
+    return outputs
+
+
+@native
+@settings(max_examples=150)
+@given(s.topics, st.lists(_records, min_size=1, max_size=6), st.data())
+def test_scan_records_agrees_with_python(topic: str, items: list, data: st.DataObject) -> None:
+    """Same rows, end and status, on intact runs, after a flipped bit, a cut, a blank
+    record at the end, or a small output capacity."""
+    encoded = _encoded(topic, items)
+    total = sum(item[0] for item in encoded)
+    file_start = 4096
+    buffer = bytearray(total + 64)
+    positions = np.zeros(len(encoded), np.int64)
+    record.encode_run_py(buffer, 0, len(buffer), file_start, 0, 1, 0,
+                         record.validate_topic(topic), encoded, 0, positions)  # fmt: skip
+    damage = data.draw(st.sampled_from(["none", "flip", "cut", "blank"]))
+    limit = len(buffer)
+    if damage == "flip":
+        bit = data.draw(st.integers(0, total * 8 - 1))
+        buffer[bit // 8] ^= 1 << (bit % 8)
+    elif damage == "cut":
+        limit = data.draw(st.integers(0, total))
+    elif damage == "blank":
+        record.encode_blank_into(buffer, total, len(buffer) - total)
+    capacity = data.draw(st.integers(1, 8))
+    c_out, py_out = _scan_both(buffer, 0, limit, file_start, capacity)
+    assert c_out == py_out
+    end, count, status, _ = c_out
+    if damage == "none" and capacity > len(encoded):
+        assert (count, end, status) == (len(encoded), total, record.SCAN_ZEROS)
+    if damage == "blank" and capacity > len(encoded):
+        assert (end, status) == (len(buffer), record.SCAN_BLANK)
+
+
+@native
+def test_scan_records_refuses_bad_text() -> None:
+    """A record whose checksum verifies but whose tag is not UTF-8 (or topic not
+    ASCII) stops the scan in C as decode refuses it in Python."""
+    for topic_b, tag_b in ((b"t", b"\xff"), (b"t", b"\xed\xa0\x80"), (b"\xc3\xa9", b"")):
+        size = record.HEADER_SIZE + len(topic_b) + len(tag_b) + 1
+        buffer = bytearray(size + 32)
+        record.encode_into_py(buffer, 0, 0, size, 0, 1, 1, 0, 0, topic_b, tag_b, b"", b"", b"x")
+        c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, 4)
+        assert c_out == py_out
+        assert c_out[:3] == (0, 0, record.SCAN_INVALID)
