@@ -172,6 +172,32 @@ static void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int
     put_u64(dst + 8, xxh64(dst + BLANK_SIZE, total - BLANK_SIZE, seed));
 }
 
+/* Where a batch encoder is in the current file: the shared "does it fit, write it,
+ * note its position, move on" of encode_run, encode_bodies and encode_slices. */
+typedef struct {
+    uint8_t *out;
+    int64_t in_file, file_size, physical, queue_offset, stored;
+    int32_t queue_id;
+    int64_t *positions;
+} Run;
+
+/* Whether a record of size bytes fits before the file's end (room kept for a blank). */
+static inline int run_fits(const Run *run, int64_t size) {
+    return run->in_file + size + BLANK_SIZE <= run->file_size;
+}
+
+/* Write record index (run_fits was true) and advance past it. */
+static inline void run_put(Run *run, Py_ssize_t index, int64_t size, int64_t born,
+                           uint32_t flags, const Py_buffer *topic, const Py_buffer *tag,
+                           const Py_buffer *keys, const Py_buffer *props, const Py_buffer *body) {
+    write_record(run->out + run->in_file, (uint32_t)size, run->queue_offset, run->physical, born,
+                 run->stored, run->queue_id, flags, topic, tag, keys, props, body);
+    run->positions[index] = run->physical;
+    run->physical += size;
+    run->in_file += size;
+    run->queue_offset++;
+}
+
 /* ------------------------------------------------------------------ xxh64() */
 
 static PyObject *py_xxh64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -282,7 +308,8 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&out);
         return NULL;
     }
-    int64_t *pos_out = (int64_t *)positions.buf;
+    Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
+               (int32_t)queue_id, (int64_t *)positions.buf};
     Py_ssize_t index = start;
     PyObject *result = NULL;
     if (positions.len < count * (Py_ssize_t)sizeof(int64_t) || file_size > out.len) {
@@ -299,7 +326,7 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         if (as_i64(PyTuple_GET_ITEM(item, 0), &size) < 0 ||
             as_i64(PyTuple_GET_ITEM(item, 1), &flags) < 0)
             goto done;
-        if (in_file + size + BLANK_SIZE > file_size) break;
+        if (!run_fits(&run, size)) break;
         PyObject *born_obj = PyTuple_GET_ITEM(item, 6);
         if (born_obj == Py_None) {
             born = stored;
@@ -318,18 +345,13 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
             bad = 1;
         }
         if (!bad)
-            write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical,
-                         born, stored, (int32_t)queue_id, (uint32_t)flags, &topic, &tag, &keys,
-                         &props, &body);
+            run_put(&run, index, size, born, (uint32_t)flags, &topic, &tag, &keys, &props,
+                    &body);
         release(&body);
         release(&props);
         release(&keys);
         release(&tag);
         if (bad) goto done;
-        pos_out[index] = physical;
-        physical += size;
-        in_file += size;
-        queue_offset++;
     }
     result = PyLong_FromSsize_t(index);
 done:
@@ -437,7 +459,8 @@ static PyObject *py_encode_bodies(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "encode_bodies: bad positions, file size or names");
         goto done;
     }
-    int64_t *pos_out = positions.buf;
+    Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
+               (int32_t)queue_id, (int64_t *)positions.buf};
     int64_t fixed = HEADER_SIZE + topic.len + tag.len;
     Py_ssize_t index = start;
     for (; index < count; index++) {
@@ -448,18 +471,12 @@ static PyObject *py_encode_bodies(PyObject *self, PyObject *const *args, Py_ssiz
             goto done;
         }
         int64_t size = fixed + body.len;
-        if (in_file + size + BLANK_SIZE > file_size) {
-            release(&body);
-            break;
-        }
-        write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical, born,
-                     stored, (int32_t)queue_id, kind == -1 ? FLAG_NULL_BODY : 0u, &topic, &tag,
-                     &empty, &empty, &body);
+        int fits = run_fits(&run, size);
+        if (fits)
+            run_put(&run, index, size, born, kind == -1 ? FLAG_NULL_BODY : 0u, &topic, &tag,
+                    &empty, &empty, &body);
         release(&body);
-        pos_out[index] = physical;
-        physical += size;
-        in_file += size;
-        queue_offset++;
+        if (!fits) break;
     }
     result = PyLong_FromSsize_t(index);
 done:
@@ -520,7 +537,8 @@ static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssiz
     }
     const int64_t *offs = offsets.buf, *born_at = have_borns ? borns.buf : NULL;
     const uint8_t *null_at = have_nulls ? nulls.buf : NULL;
-    int64_t *pos_out = positions.buf;
+    Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
+               (int32_t)queue_id, (int64_t *)positions.buf};
     int64_t fixed = HEADER_SIZE + topic.len + tag.len;
     Py_ssize_t index = start;
     for (; index < count; index++) {
@@ -536,14 +554,9 @@ static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssiz
         int is_null = null_at != NULL && null_at[index];
         if (is_null) body.len = 0;
         int64_t size = fixed + body.len;
-        if (in_file + size + BLANK_SIZE > file_size) break;
-        write_record((uint8_t *)out.buf + in_file, (uint32_t)size, queue_offset, physical,
-                     born_at ? born_at[index] : born, stored, (int32_t)queue_id,
-                     is_null ? FLAG_NULL_BODY : 0u, &topic, &tag, &empty, &empty, &body);
-        pos_out[index] = physical;
-        physical += size;
-        in_file += size;
-        queue_offset++;
+        if (!run_fits(&run, size)) break;
+        run_put(&run, index, size, born_at ? born_at[index] : born,
+                is_null ? FLAG_NULL_BODY : 0u, &topic, &tag, &empty, &empty, &body);
     }
     result = PyLong_FromSsize_t(index);
 done:

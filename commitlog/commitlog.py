@@ -46,11 +46,9 @@ from commitlog.file_queue import MappedFileQueue
 from commitlog.flush import AsyncFlushService, GroupCommitService
 from commitlog.mapped_file import MappedFile
 from commitlog.record import (
-    BLANK_MAGIC,
     BLANK_SIZE,
     FLAG_NULL_BODY,
     HEADER_SIZE,
-    PREFIX,
     SCAN_INVALID,
     SCAN_LIMIT,
     SCAN_ZEROS,
@@ -182,7 +180,6 @@ class CommitLog:
         read_only: bool = False,
         recover_from: int | None = None,
         queue_offset_loader: Callable[[str, int], int] | None = None,
-        on_recovered: Callable[[Record], None] | None = None,
         syncer: Callable[[MappedFile], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
     ) -> CommitLog:
@@ -195,7 +192,6 @@ class CommitLog:
             queue_offset_loader: gives the next queue offset of a queue the log has
                 not seen since open (from the ConsumeQueue). Without it, offsets come
                 from the records scanned at open (so ``recover_from`` must be None).
-            on_recovered: called with every record the recovery scan verifies.
             syncer: makes one file durable; tests inject counting or failing ones.
             clock_ms: the store clock; tests inject a fake one.
 
@@ -209,7 +205,7 @@ class CommitLog:
         commitlog._queue_offset_loader = queue_offset_loader
         try:
             commitlog._files.load()
-            commitlog._recover(recover_from, on_recovered)
+            commitlog._recover(recover_from)
             if not read_only:
                 commitlog._start_services()
         except BaseException:
@@ -277,9 +273,7 @@ class CommitLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def _recover(
-        self, recover_from: int | None, on_recovered: Callable[[Record], None] | None
-    ) -> None:
+    def _recover(self, recover_from: int | None) -> None:
         files = self._files
         if not files.files:
             self._write_position = self._flushed_position = recover_from or 0
@@ -294,19 +288,9 @@ class CommitLog:
             raise CorruptDataError(
                 last.path, start - last.start_offset, "checkpoint points past the CommitLog"
             )
-        if on_recovered is None:
-            self._scan_columns(start)
-        table = self._queue_offsets
-        for record in () if on_recovered is None else self._scan(start):
-            # Records past the start may not be in the ConsumeQueue yet: the table must
-            # already count them when the first append after open asks for an offset.
-            key = (record.topic, record.queue_id)
-            if record.queue_offset >= table.get(key, 0):
-                table[key] = record.queue_offset + 1
-            if on_recovered is not None:
-                on_recovered(record)
-            if record.store_ts_ms > self._last_store_ts_ms:
-                self._last_store_ts_ms = record.store_ts_ms
+        # Records past the start may not be in the ConsumeQueue yet: the queue-offset
+        # table must already count them when the first append asks for an offset.
+        self._scan_columns(start)
         end = self._scan_end
         self._write_position = end
         self._flushed_position = end
@@ -317,10 +301,12 @@ class CommitLog:
             self._syncer(self._current)
 
     def _scan_columns(self, start: int) -> None:
-        """``_scan`` without a Record per record: verify runs of records in one call
-        each (C when built; ``scan_records``) and take from their columns what
-        recovery needs: every queue's next offset and the newest store timestamp.
-        Leaves the end in ``_scan_end``."""
+        """Verify records from ``start``, a run per call (C when built;
+        ``scan_records``), and take from their columns what recovery needs: every
+        queue's next offset and the newest store timestamp. The scan stops at zeros
+        (the unwritten rest of a file), at a record that does not verify, or at the
+        end of the files; a blank record moves it to the next file. Leaves the end in
+        ``_scan_end``, with no Record built per record."""
         files = self._files
         capacity = SCAN_ROWS
         positions = np.empty(capacity, dtype=np.int64)
@@ -381,43 +367,6 @@ class CommitLog:
         newest = int(stamps[:count].max())
         if newest > self._last_store_ts_ms:
             self._last_store_ts_ms = newest
-
-    def _scan(self, start: int) -> Iterator[Record]:
-        """Yield verified records from ``start``; leave the end in ``_scan_end``.
-
-        The scan stops at zeros (the unwritten rest of a file), at a record that does
-        not verify, or at the end of the files. A blank record moves it to the next
-        file's start.
-        """
-        files = self._files
-        position = start
-        self._scan_end = start
-        while True:
-            try:
-                mapped = files.find(position)
-            except OffsetOutOfRangeError:
-                return
-            in_file = position - mapped.start_offset
-            if in_file + BLANK_SIZE > mapped.size_bytes:
-                return
-            total_size, magic, _ = PREFIX.unpack_from(mapped.mapping, in_file)
-            if total_size == 0 and magic == 0:
-                return
-            try:
-                record = decode(
-                    mapped.mapping, in_file, mapped.size_bytes, mapped.path, mapped.start_offset
-                )
-            except CorruptDataError as error:
-                log.warning("CommitLog ends at %d: %s", position, error)
-                return
-            if record is None:
-                assert magic == BLANK_MAGIC
-                position = mapped.start_offset + mapped.size_bytes
-                self._scan_end = position
-                continue
-            position += record.size
-            self._scan_end = position
-            yield record
 
     def _truncate_after(self, end: int) -> None:
         """Zero the current file past ``end`` and remove every later file."""

@@ -388,7 +388,7 @@ def verify_records_py(buffer: Any, positions: Any, sizes: Any) -> int:
         total_size, magic, stored = PREFIX.unpack_from(view, position)
         if total_size != size or magic != MESSAGE_MAGIC:
             return index
-        if _hash(view[position + HASHED_FROM : position + size], size | magic << 32) != stored:
+        if checksum(view[position + HASHED_FROM : position + size], size, magic) != stored:
             return index
     return -1
 
@@ -772,8 +772,8 @@ def decode_run(
     buffer: Any,
     path: str,
     file_start: int,
-    physical_offsets: list[int],
-    sizes: list[int],
+    physical_offsets: Any,
+    sizes: Any,
     topic: str,
     queue_id: int,
     first_queue_offset: int,
@@ -796,17 +796,18 @@ def decode_run(
     records = []
     # Checksums first, for the whole run in one call (C when built); the loop below
     # then checks the header fields record by record.
+    physicals = np.asarray(physical_offsets, dtype=np.int64)  # arrays (or sequences)
+    lengths = np.asarray(sizes, dtype=np.int64)
     hashed = NATIVE is not None
     bad = -1
     if hashed:
-        positions = np.asarray(physical_offsets, dtype=np.int64) - file_start
-        bad = verify_records(buffer, positions, np.asarray(sizes, dtype=np.int64))
+        bad = verify_records(buffer, physicals - file_start, lengths)
         if bad >= 0:
             hashed = False  # the loop finds the record and says what is wrong with it
-            physical_offsets = physical_offsets[: bad + 1]
-            sizes = sizes[: bad + 1]
+            physicals, lengths = physicals[: bad + 1], lengths[: bad + 1]
+    positions = physicals - file_start
     queue_offset = first_queue_offset
-    for physical, size in zip(physical_offsets, sizes, strict=True):
+    for physical, size in zip(physicals.tolist(), lengths.tolist(), strict=True):
         position = physical - file_start
         if position < 0 or position + HEADER_SIZE > len(view) or size < HEADER_SIZE:
             raise CorruptDataError(path, position, "unit points outside the file")

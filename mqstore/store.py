@@ -630,17 +630,16 @@ class MessageStore(CommitLogEngine):
             units = queue.get_range(offset, max_messages - len(messages))
             if len(units) == 0:
                 break
-            physicals = units["commitlog_offset"].tolist()
-            sizes = units["size"].tolist()
+            physicals = units["commitlog_offset"]
+            sizes = units["size"]
             start = 0
             while start < len(physicals):  # one run per CommitLog file the units touch
                 mapped = self._file_of_unit(
-                    queue, topic, queue_id, offset + start, physicals[start]
+                    queue, topic, queue_id, offset + start, int(physicals[start])
                 )
                 file_end = mapped.start_offset + mapped.size_bytes
-                stop = start + 1
-                while stop < len(physicals) and physicals[stop] < file_end:
-                    stop += 1
+                # Units are in log order: the run ends at the first unit past the file.
+                stop = max(start + 1, int(np.searchsorted(physicals, file_end, side="left")))
                 messages.extend(
                     decode_run(
                         mapped.mapping,

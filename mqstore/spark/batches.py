@@ -237,7 +237,7 @@ def _decode_run(
     topic_raw = topic.encode("ascii")
     _check_headers(headers, positions, sizes, mapped, topic_raw, partition, first_offset)
     if verify_checksums:
-        _verify_checksums(mapping, path, positions, sizes, headers["checksum"])
+        _verify_checksums(mapping, path, positions, sizes)
     topic_at = positions + HEADER_SIZE
     topics = buffer[topic_at[:, None] + np.arange(len(topic_raw))]
     if not np.array_equal(
@@ -316,12 +316,8 @@ def _check_headers(
         )
 
 
-def _verify_checksums(
-    mapping: Any, path: str, positions: np.ndarray, sizes: np.ndarray, stored: np.ndarray
-) -> None:
-    """Every record's checksum, in one call (C when built; see commitlog/native.py).
-    The stored checksums were already read with the headers; verify_records reads them
-    again from the mapping, with the sizes and magics."""
+def _verify_checksums(mapping: Any, path: str, positions: np.ndarray, sizes: np.ndarray) -> None:
+    """Every record's checksum, in one call (C when built; see commitlog/native.py)."""
     bad = verify_records(mapping, positions.astype(np.int64), sizes.astype(np.int64))
     if bad >= 0:
         raise CorruptDataError(path, int(positions[bad]), "checksum mismatch")
