@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from typing import Final
 
 from commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from commitlog.mapped_file import MappedFile, parse_file_name
@@ -17,6 +18,7 @@ from commitlog.mapped_file import MappedFile, parse_file_name
 __all__ = ["MappedFileQueue"]
 
 BLANK_PREFIX_BYTES = 16  # a written file starts with a record prefix; a spare with zeros
+LOAD_ATTEMPTS: Final = 10  # read-only listings retried while a writer removes files
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,34 @@ class MappedFileQueue:
             CorruptDataError: a gap between files, or a file of the wrong size.
         """
         assert not self.files
+        for attempt in range(LOAD_ATTEMPTS):
+            starts = self._list_starts()
+            for previous, start in itertools.pairwise(starts):
+                if start != previous + self.file_size_bytes:
+                    path = os.path.join(self.directory, f"{start:020d}")
+                    raise CorruptDataError(path, 0, f"gap in the CommitLog after offset {previous}")
+            for start in starts:
+                if start % self.file_size_bytes:
+                    path = os.path.join(self.directory, f"{start:020d}")
+                    raise CorruptDataError(path, 0, "file start is not a multiple of the file size")
+            try:
+                for start in starts:
+                    path = os.path.join(self.directory, f"{start:020d}")
+                    self.files.append(MappedFile(path, start, self.file_size_bytes, self.read_only))
+                return
+            except FileNotFoundError:
+                # Read-only beside a live writer: a file listed a moment ago was removed
+                # (recovery cuts files past the log end, retention drops the oldest).
+                # List again; a writer never loses a file it listed itself.
+                for mapped in self.files:
+                    mapped.close()
+                self.files.clear()
+                if not self.read_only or attempt == LOAD_ATTEMPTS - 1:
+                    raise
+
+    def _list_starts(self) -> list[int]:
+        """Start offsets of the files in the directory, sorted; leftovers of an
+        interrupted allocation are removed (writer) or skipped (reader)."""
         starts = []
         for name in os.listdir(self.directory):
             if name.endswith(".allocating"):
@@ -46,20 +76,10 @@ class MappedFileQueue:
                     os.unlink(os.path.join(self.directory, name))
                 continue
             start = parse_file_name(name)
-            if start is None:
-                continue
-            starts.append(start)
+            if start is not None:
+                starts.append(start)
         starts.sort()
-        for previous, start in itertools.pairwise(starts):
-            if start != previous + self.file_size_bytes:
-                path = os.path.join(self.directory, f"{start:020d}")
-                raise CorruptDataError(path, 0, f"gap in the CommitLog after offset {previous}")
-        for start in starts:
-            if start % self.file_size_bytes:
-                path = os.path.join(self.directory, f"{start:020d}")
-                raise CorruptDataError(path, 0, "file start is not a multiple of the file size")
-            path = os.path.join(self.directory, f"{start:020d}")
-            self.files.append(MappedFile(path, start, self.file_size_bytes, self.read_only))
+        return starts
 
     def refresh(self) -> None:
         """Read-only mode: map files that a writer in another process has added,

@@ -1,0 +1,65 @@
+"""MappedFileQueue.load beside a live writer: a file listed and then removed (the
+writer's recovery cutting files past the log end) makes a reader list again, not
+fail; the writer itself never tolerates a file that vanishes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from commitlog import file_queue
+from commitlog.file_queue import MappedFileQueue
+from tests.commitlog.conftest import SMALL_FILE_BYTES
+
+
+def _two_files(open_log) -> str:
+    log = open_log()
+    while log.write_position < SMALL_FILE_BYTES + 10:
+        log.append("t", 0, b"x" * 1000)
+    directory = log.directory
+    log.close()
+    return directory
+
+
+def _listing_with_a_ghost(monkeypatch, times: int) -> list[int]:
+    """os.listdir that names one file past the end (already removed) ``times`` times."""
+    real = os.listdir
+    calls = [0]
+
+    def listdir(path):
+        names = real(path)
+        calls[0] += 1
+        if calls[0] <= times:
+            last = max(int(name) for name in names if name.isdigit())
+            names = [*names, f"{last + SMALL_FILE_BYTES:020d}"]
+        return names
+
+    monkeypatch.setattr(file_queue.os, "listdir", listdir)
+    return calls
+
+
+def test_a_reader_lists_again_when_a_listed_file_is_gone(open_log, monkeypatch):
+    directory = _two_files(open_log)
+    on_disk = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    calls = _listing_with_a_ghost(monkeypatch, times=2)
+    queue = MappedFileQueue(directory, SMALL_FILE_BYTES, read_only=True)
+    queue.load()
+    try:
+        assert [f.start_offset for f in queue.files] == on_disk
+        assert calls[0] == 3
+    finally:
+        for mapped in queue.files:
+            mapped.close()
+
+
+def test_the_writer_and_a_reader_out_of_attempts_still_raise(open_log, monkeypatch):
+    directory = _two_files(open_log)
+    _listing_with_a_ghost(monkeypatch, times=1)
+    with pytest.raises(FileNotFoundError):
+        MappedFileQueue(directory, SMALL_FILE_BYTES, read_only=False).load()
+    _listing_with_a_ghost(monkeypatch, times=file_queue.LOAD_ATTEMPTS)
+    reader = MappedFileQueue(directory, SMALL_FILE_BYTES, read_only=True)
+    with pytest.raises(FileNotFoundError):
+        reader.load()
+    assert reader.files == []
