@@ -32,6 +32,8 @@ from typing import Final
 import attrs
 import xxhash
 
+from commitlog.durable import fsync_directory, fsync_file
+
 __all__ = ["Checkpoint", "CheckpointFile", "CHECKPOINT_NAME"]
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,11 @@ class CheckpointFile:
         if not read_only:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             if os.fstat(self._fd).st_size != FILE_SIZE_BYTES:
+                # New (or cut short by a crash): its size and its name must be durable
+                # before a slot in it is trusted to bound recovery.
                 os.ftruncate(self._fd, FILE_SIZE_BYTES)
+                fsync_file(self._fd, self.path)
+                fsync_directory(root)
 
     def load(self) -> Checkpoint | None:
         """The newest valid checkpoint, or None if there is none."""
@@ -147,7 +153,7 @@ class CheckpointFile:
         )[:CHECKSUMMED]
         raw = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
         os.pwrite(self._fd, raw, (sequence % 2) * SLOT_SIZE)
-        os.fdatasync(self._fd)
+        fsync_file(self._fd, self.path)
         return attrs.evolve(checkpoint, sequence=sequence)
 
     def close(self) -> None:

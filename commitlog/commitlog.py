@@ -25,16 +25,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, NoReturn, cast
 
 import attrs
 import numpy as np
 
 from commitlog.allocator import AllocationService
 from commitlog.config import CommitLogConfig
+from commitlog.durable import fsync_directory, makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
     DiskFullError,
+    FlushFailedError,
     InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
@@ -156,6 +158,8 @@ class CommitLog:
         self._write_position = 0
         self._flushed_position = 0
         self._last_store_ts_ms = 0
+        self._flushed_mark = (0, 0)  # (flushed_position, store ts of the record before it)
+        self._failure: FlushFailedError | None = None
         self._current: MappedFile | None = None
         self._allocator: AllocationService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
@@ -182,6 +186,7 @@ class CommitLog:
         queue_offset_loader: Callable[[str, int], int] | None = None,
         syncer: Callable[[MappedFile], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
+        store_ts_floor_ms: int = 0,
     ) -> CommitLog:
         """Open (or create) the log in ``directory`` and recover its end.
 
@@ -194,15 +199,19 @@ class CommitLog:
                 from the records scanned at open (so ``recover_from`` must be None).
             syncer: makes one file durable; tests inject counting or failing ones.
             clock_ms: the store clock; tests inject a fake one.
+            store_ts_floor_ms: a store timestamp the log already used (the
+                checkpoint's): new records never get an earlier one, even when the
+                clock stepped back across a restart and the scan read no record.
 
         Raises:
             CorruptDataError: files are missing, misnamed or of the wrong size, or
                 the checkpoint points past the log.
         """
         if not read_only:
-            os.makedirs(directory, exist_ok=True)
+            makedirs_durable(directory)
         commitlog = cls(directory, config, read_only, syncer, clock_ms)
         commitlog._queue_offset_loader = queue_offset_loader
+        commitlog._last_store_ts_ms = max(0, store_ts_floor_ms)
         try:
             commitlog._files.load()
             commitlog._recover(recover_from)
@@ -240,23 +249,27 @@ class CommitLog:
         """Refuse further appends and flush what was appended; reads still work."""
         with self._lock:
             self._sealed = True
-        if not self.read_only:
+        if not self.read_only and self._failure is None:
             self.flush_to(self._write_position)
 
     def close(self) -> None:
-        """Flush everything, stop the services and unmap the files."""
+        """Flush everything, stop the services and unmap the files. A poisoned log
+        (``failure``) is closed without a flush: recovery at the next open decides
+        what of its unflushed tail is on disk."""
         if self._closed:
             return
         with self._lock:
             self._closed = True
             self._sealed = True
-        if self._flusher is not None:
-            self._flusher.close()
-        if self._allocator is not None:
-            self._allocator.close()
-        if not self.read_only:
-            self.flush_to(self._write_position)
-        self._files.close()
+        try:
+            if self._flusher is not None:
+                self._flusher.close()
+            if self._allocator is not None:
+                self._allocator.close()
+            if not self.read_only and self._failure is None:
+                self.flush_to(self._write_position)
+        finally:
+            self._files.close()
 
     def _crash(self) -> None:
         """Stop the services without the final flush (fault tests only)."""
@@ -294,6 +307,7 @@ class CommitLog:
         end = self._scan_end
         self._write_position = end
         self._flushed_position = end
+        self._flushed_mark = (end, self._last_store_ts_ms)
         if self.read_only:
             return
         self._truncate_after(end)
@@ -786,6 +800,8 @@ class CommitLog:
         return encoded
 
     def _check_writable(self) -> None:
+        if self._failure is not None:
+            raise FlushFailedError(str(self._failure)) from self._failure.__cause__
         if self._sealed:
             raise StoreClosedError("the CommitLog is closed")
         if self.read_only:
@@ -855,6 +871,12 @@ class CommitLog:
     @property
     def last_store_ts_ms(self) -> int:
         return self._last_store_ts_ms
+
+    @property
+    def flushed_mark(self) -> tuple[int, int]:
+        """(flushed position, store timestamp of the last record before it; 0: none),
+        read as one consistent pair."""
+        return self._flushed_mark
 
     @property
     def file_count(self) -> int:
@@ -945,20 +967,54 @@ class CommitLog:
     # ------------------------------------------------------------------ flush
 
     def flush_to(self, position: int) -> None:
-        """Make every byte before ``position`` durable (one fdatasync per file touched)."""
+        """Make every byte before ``position`` durable (one fdatasync per file touched).
+
+        The flush covers the whole log as appended when it starts (at least up to
+        ``position``), so ``flushed_ts_ms`` is the store timestamp of the last record
+        it covers.
+
+        Raises:
+            FlushFailedError: this sync failed, or an earlier one did. The store is
+                then poisoned: ``flushed_position`` never moves again and every write
+                is refused until the log is reopened and recovered.
+        """
         with self._flush_lock:
+            if self._failure is not None:
+                raise FlushFailedError(str(self._failure)) from self._failure.__cause__
             start = self._flushed_position
             if position <= start:
                 return
+            with self._lock:  # a record boundary and the timestamp of the record before it
+                position, flushed_ts_ms = self._write_position, self._last_store_ts_ms
             files = self._files.files
             for mapped in list(files):
                 file_end = mapped.start_offset + mapped.size_bytes
                 if file_end > start and mapped.start_offset < position:
-                    self._syncer(mapped)
+                    try:
+                        self._syncer(mapped)
+                    except Exception as error:
+                        self._poison(mapped, start, position, error)
+            self._flushed_mark = (position, flushed_ts_ms)  # one assignment: a consistent pair
             self._flushed_position = position
         listener = self._append_listener
         if listener is not None:  # sync mode: newly durable bytes may now be dispatched
             listener()
+
+    def _poison(self, mapped: MappedFile, start: int, end: int, error: Exception) -> NoReturn:
+        """Record a failed sync: from now on nothing is flushed or appended."""
+        failure = FlushFailedError(
+            f"sync of {mapped.path} failed ({error}); bytes in [{start}, {end}) may be "
+            "lost. The store refuses writes until it is reopened and recovered"
+        )
+        failure.__cause__ = error
+        self._failure = failure
+        log.critical("%s", failure)
+        raise failure from error
+
+    @property
+    def failure(self) -> FlushFailedError | None:
+        """The sync failure that poisoned the log, or None."""
+        return self._failure
 
     # ------------------------------------------------------------------ retention
 
@@ -970,6 +1026,7 @@ class CommitLog:
             oldest = self._files.remove_oldest()
         oldest.close()
         os.unlink(oldest.path)
+        fsync_directory(self.directory)  # else a power cut brings the file back
         return oldest
 
     def queue_offsets(self) -> dict[tuple[str, int], int]:

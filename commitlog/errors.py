@@ -21,6 +21,8 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "FlushTimeoutError",
+    "KafkaTimeoutError",
+    "FlushFailedError",
     "DiskFullError",
     "ReadOnlyStoreError",
     "UnknownTopicError",
@@ -81,6 +83,26 @@ class FlushTimeoutError(StoreError, TimeoutError):
     """A synchronous flush did not make the bytes durable within the timeout.
 
     The record was appended and may still become durable; it was not acknowledged.
+    """
+
+
+class FlushFailedError(StoreError):
+    """A sync of the CommitLog failed, so bytes it covered may not be on disk.
+
+    Linux reports a writeback error once and marks the pages clean, so a retry that
+    "succeeds" proves nothing (PostgreSQL's fsyncgate). The store never trusts one:
+    every later write and flush raises this error, writers waiting for durability are
+    never acknowledged, and only a reopen (whose recovery re-verifies the log from the
+    checkpoint) makes the store writable again. The original error is the cause.
+    """
+
+
+class KafkaTimeoutError(StoreError, TimeoutError):
+    """The Kafka-style producer could not do its part within the time it was given.
+
+    kafka-python's name: ``send`` found the producer's buffer full for ``max_block_ms``
+    (the record was not accepted), or ``flush(timeout)`` could not start appending the
+    buffered records in time (they stay buffered and are appended later).
     """
 
 

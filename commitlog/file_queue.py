@@ -12,6 +12,7 @@ import logging
 import os
 from typing import Final
 
+from commitlog.durable import fsync_directory
 from commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from commitlog.mapped_file import MappedFile, parse_file_name
 
@@ -150,6 +151,8 @@ class MappedFileQueue:
             level = logging.INFO if never_written else logging.WARNING
             log.log(level, "removed CommitLog file %s past the end of the log", doomed.path)
             removed += 1
+        if removed:
+            fsync_directory(self.directory)  # a file past the end must not come back
         return removed
 
     def remove_oldest(self) -> MappedFile:

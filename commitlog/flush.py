@@ -10,6 +10,12 @@
   ``sync_flush_timeout_ms`` gets ``FlushTimeoutError``.
 
 Both call ``Flushable.flush_to(position)``, which is the only code that syncs.
+
+Crash policy: a failed sync is never retried. Linux reports a writeback error once
+and marks the failed pages clean, so a second fdatasync "succeeds" over bytes that
+never reached the disk. The log poisons itself (``FlushFailedError`` from every later
+flush and append); the group commit fails every waiting writer with that error
+instead of acknowledging it, and the async flusher stops.
 """
 
 from __future__ import annotations
@@ -19,14 +25,13 @@ import threading
 import time
 from typing import Protocol
 
-from commitlog.errors import FlushTimeoutError
+from commitlog.errors import FlushFailedError, FlushTimeoutError
 
 __all__ = ["AsyncFlushService", "Flushable", "GroupCommitService"]
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE_BYTES = 4096
-ERROR_BACKOFF_S = 0.01  # pause before retrying a failed group flush
 
 
 class Flushable(Protocol):
@@ -51,6 +56,7 @@ class AsyncFlushService:
         self._thorough_interval_s = thorough_interval_ms / 1000
         self._stop = threading.Event()
         self.failures = 0
+        self.failure: BaseException | None = None  # the sync failure that stopped it
         self._thread = threading.Thread(target=self._run, name="mqstore-flush", daemon=True)
         self._thread.start()
 
@@ -63,10 +69,11 @@ class AsyncFlushService:
                 continue
             try:
                 self._log.flush_to(self._log.write_position)
-            except Exception as error:  # a failed flush is retried next tick
+            except Exception as error:  # never retried: see the module's crash policy
                 self.failures += 1
-                log.error("async flush failed (will retry): %s", error)
-                continue
+                self.failure = error
+                log.critical("async flush failed; flushing stops until reopen: %s", error)
+                return
             if thorough:
                 last_thorough = time.monotonic()
 
@@ -102,9 +109,10 @@ class GroupCommitService:
         """Block until every byte before ``end_position`` is durable.
 
         Raises:
-            FlushTimeoutError: not durable within the timeout, or every flush attempt
-                failed until then (the cause is chained). The record stays in the log
-                and may still become durable; it was not acknowledged.
+            FlushTimeoutError: not durable within the timeout. The record stays in
+                the log and may still become durable; it was not acknowledged.
+            FlushFailedError: a sync failed (now or before); the record was not
+                acknowledged and the log refuses writes until reopened.
         """
         log_ = self._log
         if log_.flushed_position >= end_position:
@@ -122,13 +130,16 @@ class GroupCommitService:
         log_ = self._log
         condition = self._condition
         while log_.flushed_position < end_position:
+            failure = self._error
+            if failure is not None:
+                raise FlushFailedError(
+                    f"bytes up to {end_position} were not made durable: {failure}"
+                ) from (failure.__cause__ or failure)  # the OS error itself
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                detail = f": last flush error: {self._error}" if self._error else ""
                 raise FlushTimeoutError(
-                    f"bytes up to {end_position} not durable within "
-                    f"{self._timeout_s * 1000:.0f} ms{detail}"
-                ) from self._error
+                    f"bytes up to {end_position} not durable within {self._timeout_s * 1000:.0f} ms"
+                )
             if self._flushing:
                 condition.wait(remaining)
                 continue
@@ -143,19 +154,18 @@ class GroupCommitService:
             try:
                 log_.flush_to(target)
                 error: BaseException | None = None
-            except Exception as failure:  # retried by the next leader until the deadline
+            except Exception as failure:  # never retried: see the module's crash policy
                 error = failure
-                log.error("group commit flush failed: %s", failure)
+                log.critical("group commit flush failed: %s", failure)
             finally:
                 condition.acquire()
                 self._flushing = False
                 self._last_group = self._waiters
+                if error is not None and self._error is None:
+                    self._error = error  # before waking: no waiter may miss it
                 condition.notify_all()
-            self._error = error
             if error is None:
                 self.flush_count += 1
-            else:
-                condition.wait(min(ERROR_BACKOFF_S, max(remaining, 0)))
 
     def close(self) -> None:
         """Nothing runs in the background; waiting writers finish on their own."""

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 
+from commitlog.durable import fsync_directory
 from commitlog.errors import StoreLockedError
 
 __all__ = ["ABORT_NAME", "LOCK_NAME", "StoreLock", "clear_abort", "mark_abort"]
@@ -80,7 +81,7 @@ def mark_abort(root: str) -> bool:
     existed = os.path.exists(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     os.close(fd)
-    _fsync_directory(root)
+    fsync_directory(root)
     return existed
 
 
@@ -90,12 +91,4 @@ def clear_abort(root: str) -> None:
         os.unlink(os.path.join(root, ABORT_NAME))
     except FileNotFoundError:
         pass
-    _fsync_directory(root)
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(root)

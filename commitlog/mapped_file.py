@@ -24,6 +24,7 @@ from typing import Final
 import numpy as np
 
 from commitlog.config import PAGE_SIZE_BYTES
+from commitlog.durable import fsync_directory, fsync_file
 from commitlog.errors import CorruptDataError, DiskFullError, StoreError
 
 __all__ = ["MappedFile", "file_name", "parse_file_name"]
@@ -93,27 +94,35 @@ class MappedFile:
     ) -> MappedFile:
         """Create, allocate and map a new file; pre-warm it if asked.
 
-        The file is built under a temporary name and renamed into place once it is
-        fully allocated, so a crash never leaves a short file under a real name.
+        The file is built under a temporary name, its size made durable (fdatasync),
+        renamed into place and the directory fsynced: after a power cut the file is
+        either absent or present at its full size under its real name, never short,
+        and a record acknowledged in it cannot lose its file to a lost rename.
 
         Raises:
             DiskFullError: the disk has no room for the file.
+            StoreError: a sync failed (the file is not used).
         """
         path = os.path.join(directory, file_name(start_offset))
         tmp_path = path + ".allocating"
         fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.posix_fallocate(fd, 0, size_bytes)
-        except OSError as error:
+            try:
+                os.posix_fallocate(fd, 0, size_bytes)
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DiskFullError(
+                        errno.ENOSPC, f"no room to allocate {size_bytes} bytes for {path}"
+                    ) from error
+                raise
+            fsync_file(fd, tmp_path)
+        except BaseException:
             os.close(fd)
             os.unlink(tmp_path)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(
-                    errno.ENOSPC, f"no room to allocate {size_bytes} bytes for {path}"
-                ) from error
             raise
         os.close(fd)
         os.rename(tmp_path, path)
+        fsync_directory(directory)
         mapped = cls(path, start_offset, size_bytes, read_only=False)
         if prewarm:
             mapped.prewarm(lock_memory, write_back)

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
+from commitlog.errors import FlushFailedError
 from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile, sync_filesystem, sync_path
 
 __all__ = ["PENDING_SYNC_MAX", "SYNCFS_MIN_PATHS", "CacheKey", "FileCache", "MappedFile"]
@@ -51,6 +52,7 @@ class FileCache:
         "_max_open_files",
         "_pending_dirs",
         "_pending_files",
+        "failure",
         "generation",
     )
 
@@ -64,6 +66,7 @@ class FileCache:
         # Goes up whenever a mapping leaves the cache or a queue drops units, so that a
         # holder of raw addresses (TailWriter) knows to let go and look again.
         self.generation = 0
+        self.failure: Exception | None = None  # the sync failure that ends all syncing
 
     def __len__(self) -> int:
         return len(self._files)
@@ -125,8 +128,8 @@ class FileCache:
         and the directories on its path.
 
         Raises:
-            DiskFullError, StoreError: a sync failed; the paths not yet synced stay
-                remembered for the next flush.
+            FlushFailedError: a sync failed, now or in an earlier flush (the first
+                failure is the cause); no later flush is trusted.
         """
         with self._lock:
             files, directories = self._collect(queue_directory)
@@ -134,27 +137,30 @@ class FileCache:
 
     def _sync(self, files: list[str], directories: list[str]) -> None:
         """Sync files then directories; many paths at once by one syncfs of their
-        filesystem (one syscall instead of an open, sync and close per path). On
-        failure, what was not synced is remembered again."""
-        if len(files) + len(directories) >= SYNCFS_MIN_PATHS and _sync_filesystem_of(
-            directories + [os.path.dirname(path) for path in files[:1]]
-        ):
-            return
-        done = 0
+        filesystem (one syscall instead of an open, sync and close per path).
+
+        A failure is final: Linux marks the pages of a failed writeback clean, so a
+        retry would "succeed" without writing them. Every later flush raises
+        FlushFailedError, so nobody (the store's checkpoint) ever claims units written
+        since the last good flush; the next open re-dispatches them from the CommitLog.
+        """
+        if self.failure is not None:
+            raise FlushFailedError(
+                f"an earlier ConsumeQueue sync failed ({self.failure}); "
+                "nothing is synced until the store is reopened"
+            ) from self.failure
         try:
+            if len(files) + len(directories) >= SYNCFS_MIN_PATHS and _sync_filesystem_of(
+                directories + [os.path.dirname(path) for path in files[:1]]
+            ):
+                return
             for path in files:
                 sync_path(path)
-                done += 1
             for path in directories:
                 sync_path(path, directory=True)
-                done += 1
-        except BaseException:
-            with self._lock:
-                for path in files[done:]:
-                    self._pending_files[path] = None
-                for path in directories[max(0, done - len(files)) :]:
-                    self._pending_dirs[path] = None
-            raise
+        except Exception as error:
+            self.failure = error
+            raise FlushFailedError(f"ConsumeQueue sync failed: {error}") from error
 
     def _collect(self, queue_directory: str | None) -> tuple[list[str], list[str]]:
         prefix = None if queue_directory is None else queue_directory + os.sep

@@ -41,6 +41,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from commitlog.durable import fsync_directory
 from commitlog.errors import CorruptDataError, DiskFullError
 from indexfile.format import (
     ENTRY,
@@ -176,7 +177,7 @@ class IndexFile:
             raise
         os.close(fd)
         os.rename(tmp_path, path)
-        _fsync_directory(directory)
+        fsync_directory(directory)
         return cls.open(path, read_only=False)
 
     @classmethod
@@ -209,14 +210,22 @@ class IndexFile:
             return
         if self.dirty and not self.read_only:
             self.flush()
-        del self._slots, self._entries, self._raw  # exported buffers block mm.close()
-        self._mm.close()
+        for name in ("_slots", "_entries", "_raw"):  # exported buffers block mm.close()
+            if hasattr(self, name):  # a second close after a BufferError
+                delattr(self, name)
+        try:
+            self._mm.close()
+        except BufferError:
+            # A concurrent walk still holds a view of the mapping (a query racing
+            # retention or close); the mapping is freed with that view.
+            pass
 
     def unlink(self) -> None:
         """Remove the file from the directory. The mapping stays valid for walks that
         are still running; it is released with the last reference to this object."""
         assert not self.read_only
         os.unlink(self.path)
+        fsync_directory(os.path.dirname(self.path))
 
     def flush(self) -> None:
         """msync the mapping if an append or truncation dirtied it."""
@@ -573,11 +582,3 @@ def _check_free_space(directory: str, size_bytes: int, path: str) -> None:
         raise DiskFullError(
             errno.ENOSPC, f"{free_bytes} bytes free, {path} may grow to {size_bytes} bytes"
         )
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -42,6 +42,7 @@ from commitlog.checkpoint import Checkpoint, CheckpointFile
 from commitlog.commitlog import BatchAppendResult, CommitLog
 from commitlog.errors import (
     CorruptDataError,
+    FlushFailedError,
     InvalidArgumentError,
     InvalidTypeError,
     OffsetOutOfRangeError,
@@ -97,6 +98,7 @@ class MessageStore(CommitLogEngine):
         self._checkpoint_file: CheckpointFile | None = None
         self._checkpoint = Checkpoint()
         self._derived_flushed_at = -float("inf")  # monotonic s of the last derived flush
+        self.derived_sync_failure: Exception | None = None  # freezes the dispatched claim
         self._checkpoint_guard = threading.Lock()
         self._dispatcher: Dispatcher | None = None
         self._scheduler: Scheduler | None = None
@@ -196,8 +198,10 @@ class MessageStore(CommitLogEngine):
             read_only=read_only,
         )
         recover_from = None
+        store_ts_floor_ms = 0
         if checkpoint is not None:
             recover_from = min(checkpoint.flushed_position, checkpoint.dispatched_position)
+            store_ts_floor_ms = max(checkpoint.flushed_ts_ms, checkpoint.dispatched_ts_ms)
             self._checkpoint = checkpoint
         self.commitlog = CommitLog.open(
             os.path.join(root, "commitlog"),
@@ -206,6 +210,7 @@ class MessageStore(CommitLogEngine):
             recover_from=recover_from,
             queue_offset_loader=self._queue_max_offset,
             clock_ms=clock_ms,
+            store_ts_floor_ms=store_ts_floor_ms,
         )
         if read_only:
             return
@@ -335,7 +340,19 @@ class MessageStore(CommitLogEngine):
         if self.read_only:
             self._abandon()
             return
-        self.commitlog.seal()  # no more appends; everything appended is flushed
+        failure = self.commitlog.failure
+        if failure is None:
+            try:
+                self.commitlog.seal()  # no more appends; everything appended is flushed
+            except FlushFailedError as error:
+                failure = error
+        if failure is not None:
+            # A sync failed: nothing after the last good flush may be trusted. Leave
+            # ``abort`` and the last checkpoint: the next open recovers as after a crash.
+            if self._dispatcher is not None:
+                self._dispatcher.close()
+            self._abandon()
+            raise FlushFailedError(f"closed after a failed sync: {failure}") from failure
         if self._dispatcher is not None:
             self._dispatcher.close()  # dispatches what remains
         self._write_checkpoint(derived=True)
@@ -400,23 +417,30 @@ class MessageStore(CommitLogEngine):
         if dispatcher is None or self._checkpoint_file is None:
             return
         with self._checkpoint_guard:
-            flushed = self.commitlog.flushed_position
+            flushed, flushed_ts_ms = self.commitlog.flushed_mark
             now = time.monotonic()
             interval_s = self.config.consumequeue_flush_interval_ms / 1000
-            if derived or now - self._derived_flushed_at >= interval_s:
-                dispatched = dispatcher.position
-                dispatched_ts_ms = dispatcher.dispatched_ts_ms
-                self.consume_queues.flush()
-                self.index.flush()
-                self._derived_flushed_at = now
-            else:
-                dispatched = self._checkpoint.dispatched_position
-                dispatched_ts_ms = self._checkpoint.dispatched_ts_ms
+            dispatched = self._checkpoint.dispatched_position
+            dispatched_ts_ms = self._checkpoint.dispatched_ts_ms
+            due = derived or now - self._derived_flushed_at >= interval_s
+            if due and self.derived_sync_failure is None:
+                position, position_ts_ms = dispatcher.position, dispatcher.dispatched_ts_ms
+                try:
+                    self.consume_queues.flush()
+                    self.index.flush()
+                except (StoreError, OSError) as error:
+                    # Never retried and trusted (see FlushFailedError): the claim stays
+                    # at the last good flush until a reopen re-dispatches past it.
+                    self.derived_sync_failure = error
+                    log.critical("ConsumeQueue/index sync failed; checkpoint frozen: %s", error)
+                else:
+                    dispatched, dispatched_ts_ms = position, position_ts_ms
+                    self._derived_flushed_at = now
             self._checkpoint = self._checkpoint_file.store(
                 Checkpoint(
                     flushed_position=flushed,
                     dispatched_position=dispatched,
-                    flushed_ts_ms=self.commitlog.last_store_ts_ms,
+                    flushed_ts_ms=flushed_ts_ms,
                     dispatched_ts_ms=dispatched_ts_ms,
                     sequence=self._checkpoint.sequence,
                 )
@@ -797,7 +821,13 @@ class MessageStore(CommitLogEngine):
             else None,
             "recovered_from_crash": self.recovered_from_crash,
             "open_ms": self.open_ms,
+            "sync_failure": _describe(self.commitlog.failure),
+            "derived_sync_failure": _describe(self.derived_sync_failure),
         }
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"
 
 
 def _wall_clock_ms() -> int:

@@ -49,3 +49,19 @@ def test_garbage_file_never_yields_a_bogus_checkpoint(tmp_path_factory, garbage)
     with open(os.path.join(str(root), "checkpoint"), "wb") as handle:
         handle.write(garbage)
     assert CheckpointFile(str(root), read_only=True).load() is None
+
+
+def test_a_new_checkpoint_file_is_durable_before_it_is_used(tmp_path, syscalls):
+    """Regression: the checkpoint file was created without an fsync of its directory,
+    so after a power cut a checkpoint could vanish, or outlive CommitLog files."""
+    root = str(tmp_path)
+    path = os.path.join(root, "checkpoint")
+    file = CheckpointFile(root)
+    try:
+        events = syscalls.events
+        assert ("fdatasync", path) in events
+        assert events.index(("fdatasync", path)) < events.index(("fsync", root))
+        file.store(Checkpoint(flushed_position=1, dispatched_position=1))
+        assert events[-1] == ("fdatasync", path)
+    finally:
+        file.close()

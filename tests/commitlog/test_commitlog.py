@@ -250,3 +250,17 @@ def test_config_bounds():
     with pytest.raises(ConfigError):
         CommitLogConfig(flush_mode="sometimes")
     assert CommitLogConfig(file_size_bytes=FILE).record_size_limit_bytes == FILE - 16
+
+
+def test_rolled_and_deleted_files_are_durable_names(open_log, syscalls):
+    """Regression: retention unlinked the oldest file, and rolls renamed new files
+    into place, without an fsync of the CommitLog directory."""
+    log = open_log()
+    while log.file_count < 3:
+        log.append("t", 0, b"x" * 1000)
+    deleted = log.delete_oldest_file()
+    assert deleted is not None
+    assert ("unlink", deleted.path) in syscalls.events
+    renamed = [path for kind, path in syscalls.events if kind == "rename"]
+    assert renamed  # the rolls created files
+    assert syscalls.undurable_names() == []

@@ -63,3 +63,22 @@ def test_the_writer_and_a_reader_out_of_attempts_still_raise(open_log, monkeypat
     with pytest.raises(FileNotFoundError):
         reader.load()
     assert reader.files == []
+
+
+def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
+    """Regression: recovery unlinked files past the log end without an fsync of the
+    directory, so a power cut could bring a stale file back after the truncation."""
+    log = open_log()
+    while log.write_position < 2 * SMALL_FILE_BYTES + 10:
+        log.append("t", 0, b"x" * 1000)
+    directory = log.directory
+    log.close()
+    second = os.path.join(directory, f"{SMALL_FILE_BYTES:020d}")
+    with open(second, "r+b") as handle:  # the log now ends where the second file starts
+        handle.write(b"\0" * 4096)
+    syscalls.events.clear()
+    reopened = open_log()
+    assert reopened.write_position == SMALL_FILE_BYTES
+    removed = [path for kind, path in syscalls.events if kind == "unlink"]
+    assert os.path.join(directory, f"{2 * SMALL_FILE_BYTES:020d}") in removed
+    assert syscalls.undurable_names() == []

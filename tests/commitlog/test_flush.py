@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from commitlog.commitlog import CommitLog
 from commitlog.config import CommitLogConfig
-from commitlog.errors import FlushTimeoutError
+from commitlog.errors import FlushFailedError, FlushTimeoutError
 from commitlog.mapped_file import MappedFile
 
 FILE = 64 * 1024
@@ -117,36 +118,120 @@ def test_sync_flush_timeout_raises(tmp_path):
     assert log.flushed_position == log.write_position  # close still flushed it
 
 
-def test_flush_failing_until_the_deadline_raises_with_the_cause(tmp_path):
-    def broken(mapped: MappedFile) -> None:
-        raise OSError(5, "Input/output error")
+class FailOnce:
+    """A syncer whose first call fails with EIO and whose later calls succeed: what
+    Linux does after a writeback error (reported once, pages marked clean), so a retry
+    "succeeds" over bytes that never reached the disk."""
 
-    config = CommitLogConfig(
-        file_size_bytes=FILE, prewarm=False, flush_mode="sync", sync_flush_timeout_ms=100
-    )
-    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=MappedFile.flush)
-    log._syncer = broken
-    with pytest.raises(FlushTimeoutError, match="Input/output error"):
-        log.append("t", 0, b"x")
-    log._syncer = MappedFile.flush
-    log.close()
+    def __init__(self) -> None:
+        self.calls = 0
+        self.failed = 0
 
-
-def test_failing_sync_times_out_with_the_cause_and_recovers(tmp_path):
-    failures = {"left": 3}
-
-    def flaky(mapped: MappedFile) -> None:
-        if failures["left"] > 0:
-            failures["left"] -= 1
+    def __call__(self, mapped: MappedFile) -> None:
+        self.calls += 1
+        if self.failed == 0:
+            self.failed += 1
             raise OSError(5, "Input/output error")
         MappedFile.flush(mapped)
 
+
+def test_failed_sync_poisons_the_log_and_is_never_retried(tmp_path):
+    syncer = FailOnce()
     config = CommitLogConfig(
         file_size_bytes=FILE, prewarm=False, flush_mode="sync", sync_flush_timeout_ms=2_000
     )
-    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=flaky)
-    result = log.append("t", 0, b"eventually durable")  # the service retries after a failure
-    assert log.flushed_position >= result.physical_offset + result.size
+    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=MappedFile.flush)
+    durable = log.append("t", 0, b"durable before the failure")
+    log._syncer = syncer
+    flushed = log.flushed_position
+    assert flushed == durable.physical_offset + durable.size
+    with pytest.raises(FlushFailedError, match="Input/output error") as caught:
+        log.append("t", 0, b"never acknowledged")
+    assert isinstance(caught.value.__cause__, OSError)
+    assert syncer.calls == 1  # no retry that would "succeed" over lost bytes
+    assert log.flushed_position == flushed
+    end = log.write_position
+    with pytest.raises(FlushFailedError):  # refused before a byte is written
+        log.append("t", 0, b"after the failure")
+    with pytest.raises(FlushFailedError):
+        log.append_batch("t", 0, [b"a", b"b"])
+    assert log.write_position == end
+    with pytest.raises(FlushFailedError):
+        log.flush_to(end)
+    assert syncer.calls == 1 and log.flushed_position == flushed
+    log.close()  # closes without a flush
+    assert syncer.calls == 1
+    # A reopen recovers from a position known durable and verifies what follows.
+    again = CommitLog.open(str(tmp_path / "cl"), config, recover_from=flushed)
+    records = list(again.iter_records(0))
+    assert bytes(records[0].body) == b"durable before the failure"
+    again.append("t", 0, b"writable again")
+    again.close()
+
+
+def test_a_failed_group_sync_fails_every_waiting_writer(tmp_path):
+    syncer = GatedSyncer()
+    syncer.gate.set()
+    log = _sync_log(tmp_path, syncer)
+    syncer.gate.clear()
+    syncer.entered.clear()
+    outcomes: list[BaseException | None] = []
+
+    def write(body: bytes) -> None:
+        try:
+            log.append("t", 0, body)
+            outcomes.append(None)
+        except BaseException as error:  # the test inspects what each writer got
+            outcomes.append(error)
+
+    leader = threading.Thread(target=write, args=(b"leader",))
+    leader.start()
+    assert syncer.entered.wait(10)  # the leader's sync is under way
+    followers = [threading.Thread(target=write, args=(b"f%d" % i,)) for i in range(4)]
+    for thread in followers:
+        thread.start()
+
+    def failing(mapped: MappedFile) -> None:
+        raise OSError(5, "Input/output error")
+
+    log._syncer = failing  # the followers' group (if any) fails outright
+    original_flush = MappedFile.flush
+    try:
+        MappedFile.flush = staticmethod(failing)  # type: ignore[method-assign]
+        syncer.gate.set()  # the leader's own sync now fails too
+        for thread in [leader, *followers]:
+            thread.join(10)
+    finally:
+        MappedFile.flush = original_flush  # type: ignore[method-assign]
+    assert len(outcomes) == 5
+    assert all(isinstance(outcome, FlushFailedError) for outcome in outcomes), outcomes
+    assert log.flushed_position < log.write_position
+    log.close()
+
+
+def test_async_flusher_stops_at_a_failed_sync(tmp_path):
+    syncer = FailOnce()
+    config = CommitLogConfig(
+        file_size_bytes=1 << 20,
+        prewarm=False,
+        flush_interval_ms=5,
+        flush_least_pages=0,
+        flush_thorough_interval_ms=5,
+    )
+    log = CommitLog.open(str(tmp_path / "cl"), config, syncer=syncer)
+    log.append("t", 0, b"x" * 100)
+    flusher = log._flusher
+    assert flusher is not None
+    deadline = time.monotonic() + 10
+    while log.failure is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert log.failure is not None
+    assert flusher.failure is not None  # type: ignore[union-attr]
+    time.sleep(0.05)  # several intervals: a retry would call the syncer again
+    assert syncer.calls == 1
+    assert log.flushed_position == 0
+    with pytest.raises(FlushFailedError):
+        log.append("t", 0, b"refused")
     log.close()
 
 

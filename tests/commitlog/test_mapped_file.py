@@ -59,3 +59,14 @@ def test_close_with_a_live_view_defers_unmap(tmp_path):
     mapped.close()  # must not raise BufferError
     assert bytes(view) == b"hello"
     view.release()
+
+
+def test_create_makes_the_size_and_the_name_durable(tmp_path, syscalls):
+    """Regression: the file was renamed into place with no fsync of its directory
+    (nor of its size), so a power cut could lose a file holding acknowledged records."""
+    mapped = MappedFile.create(str(tmp_path), 0, 64 * 1024, False, lock_memory=False)
+    mapped.close()
+    tmp = os.path.join(str(tmp_path), file_name(0)) + ".allocating"
+    assert syscalls.undurable_names() == []
+    kinds = [(kind, path) for kind, path in syscalls.events]
+    assert kinds.index(("fdatasync", tmp)) < kinds.index(("rename", mapped.path))

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from commitlog.errors import StoreError
+from commitlog.errors import FlushFailedError, StoreError
 from consumequeue import UNIT
 from consumequeue import file_cache as file_cache_module
 from consumequeue.file_cache import FileCache
@@ -133,7 +133,11 @@ def test_flush_of_one_queue_directory(directory: str, synced: list[str]) -> None
     assert synced == [os.path.join(queue_b, "x"), queue_b]
 
 
-def test_failed_sync_keeps_paths_pending(directory: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_sync_is_never_retried_and_trusted(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux marks the pages of a failed writeback clean: a second sync of "b" would
+    succeed without writing them. So after one failure every flush refuses."""
     cache = FileCache(2, threading.RLock())
     calls: list[str] = []
     failures = [os.path.join(directory, "b")]  # the first sync of "b" fails
@@ -147,11 +151,14 @@ def test_failed_sync_keeps_paths_pending(directory: str, monkeypatch: pytest.Mon
     monkeypatch.setattr(file_cache_module, "sync_path", failing)
     for name in ("a", "b", "c"):
         cache.note_file_written(os.path.join(directory, name))
-    with pytest.raises(StoreError):
+    with pytest.raises(FlushFailedError, match="disk on fire"):
         cache.flush()
+    assert isinstance(cache.failure, StoreError)
     calls.clear()
-    cache.flush()
-    assert calls == [os.path.join(directory, "b"), os.path.join(directory, "c")]
+    cache.note_file_written(os.path.join(directory, "d"))
+    with pytest.raises(FlushFailedError, match="disk on fire"):
+        cache.flush()
+    assert calls == []  # nothing synced, nothing claimed
 
 
 def test_many_paths_use_one_syncfs(
