@@ -79,7 +79,6 @@ class CommitLogConfig:
     # allocates (and pre-warms) its file itself, which the roll benchmark compares.
     preallocate_next: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
     mlock: bool = attrs.field(default=False, validator=_wrap(v.instance_of(bool)))
-    verify_checksum_on_read: bool = attrs.field(default=True, validator=_wrap(v.instance_of(bool)))
 
     @property
     def record_size_limit_bytes(self) -> int:

@@ -70,7 +70,6 @@ class StoreConfig:
     sync_flush_timeout_ms: int = attrs.field(default=5_000, validator=_int(1, 600_000))
     prewarm: bool = attrs.field(default=True, validator=_BOOL)
     mlock: bool = attrs.field(default=False, validator=_BOOL)
-    verify_checksum_on_read: bool = attrs.field(default=True, validator=_BOOL)
     # ConsumeQueue
     consumequeue_units_per_file: int = attrs.field(default=300_000, validator=_int(4, 50_000_000))
     # Two mapped files (units, times) per hot queue; this machine allows 20,000 open files.
@@ -123,7 +122,6 @@ class StoreConfig:
             sync_flush_timeout_ms=self.sync_flush_timeout_ms,
             prewarm=self.prewarm,
             mlock=self.mlock,
-            verify_checksum_on_read=self.verify_checksum_on_read,
         )
 
 

@@ -19,7 +19,12 @@ import re
 import threading
 from typing import Any, Final
 
-from commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidTypeError
+from commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ReadOnlyStoreError,
+)
 from mqstore.atomic import json_checksum, write_json_atomically
 
 __all__ = ["OffsetStore", "validate_group"]
@@ -85,7 +90,8 @@ class OffsetStore:
 
     def commit(self, group: str, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
         """Merge ``offsets`` into the group's committed offsets, atomically."""
-        assert not self.read_only
+        if self.read_only:  # a caller can do this: never an assert (python -O drops it)
+            raise ReadOnlyStoreError("the store is open read-only: cannot commit offsets")
         path = self._path(group)
         with self._lock:
             merged = self.load(group)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -350,7 +350,10 @@ class MessageStore(CommitLogEngine):
             # A sync failed: nothing after the last good flush may be trusted. Leave
             # ``abort`` and the last checkpoint: the next open recovers as after a crash.
             if self._dispatcher is not None:
-                self._dispatcher.close()
+                try:
+                    self._dispatcher.close()
+                except Exception:  # closing the rest matters more
+                    log.exception("closing the dispatcher of a poisoned store failed")
             self._abandon()
             raise FlushFailedError(f"closed after a failed sync: {failure}") from failure
         if self._dispatcher is not None:
@@ -664,8 +667,8 @@ class MessageStore(CommitLogEngine):
                 file_end = mapped.start_offset + mapped.size_bytes
                 # Units are in log order: the run ends at the first unit past the file.
                 stop = max(start + 1, int(np.searchsorted(physicals, file_end, side="left")))
-                messages.extend(
-                    decode_run(
+                try:
+                    run = decode_run(
                         mapped.mapping,
                         mapped.path,
                         mapped.start_offset,
@@ -676,10 +679,25 @@ class MessageStore(CommitLogEngine):
                         offset + start,
                         Message,
                     )
-                )
+                except ValueError:
+                    if not mapped.mapping.closed:
+                        raise
+                    self._raise_file_gone(topic, queue_id, offset + start, mapped)
+                messages.extend(run)
                 start = stop
             offset += len(units)
         return messages
+
+    def _raise_file_gone(
+        self, topic: str, queue_id: int, queue_offset: int, mapped: MappedFile
+    ) -> NoReturn:
+        """A CommitLog file was unmapped between finding it and reading it: retention
+        deleted it (or the store closed). Never a bare ``ValueError: mmap closed``."""
+        self._check_open()
+        raise OffsetOutOfRangeError(
+            f"{topic}/{queue_id}@{queue_offset} was in {mapped.path}, which retention "
+            f"deleted during the read; the log now starts at {self.commitlog.min_position}"
+        )
 
     def _file_of_unit(
         self, queue: Any, topic: str, queue_id: int, queue_offset: int, physical: int

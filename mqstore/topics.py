@@ -23,7 +23,12 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidTypeError
+from commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ReadOnlyStoreError,
+)
 from commitlog.record import validate_topic
 from mqstore.atomic import json_checksum, write_json_atomically
 
@@ -117,7 +122,8 @@ class TopicRegistry:
 
     def put(self, config: TopicConfig) -> TopicConfig:
         """Add or replace a topic and persist the registry atomically."""
-        assert not self.read_only
+        if self.read_only:  # a caller can do this: never an assert (python -O drops it)
+            raise ReadOnlyStoreError("the store is open read-only: cannot change topics")
         check_topic_config(config)
         if not config.created_ms:
             config = attrs.evolve(config, created_ms=time.time_ns() // 1_000_000)

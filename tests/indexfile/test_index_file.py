@@ -312,3 +312,14 @@ def test_delta_fits_rolls_before_an_i32_overflow(make_file) -> None:
     file.append([1], 0, TS)
     assert file.delta_fits(TS + fmt.TIME_DELTA_MAX_S * 1000 + 999)
     assert not file.delta_fits(TS + (fmt.TIME_DELTA_MAX_S + 1) * 1000)
+
+
+def test_close_while_a_walk_holds_a_view_is_not_an_error(make_file) -> None:
+    """Regression: close() raised BufferError when a concurrent query still held a
+    view of the mapping (a walk racing retention or the store's close)."""
+    file = make_file()
+    view = memoryview(file._mm)  # what a running walk holds
+    file.close()  # the mapping is released with the view, not by force
+    file.close()  # and a second close is harmless
+    assert len(view) > 0
+    view.release()

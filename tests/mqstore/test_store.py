@@ -6,11 +6,15 @@ import tempfile
 import threading
 import time
 
+import attrs
 import numpy as np
 import pytest
 
+from commitlog.checkpoint import CheckpointFile
+from consumequeue import file_cache
 from mqstore import (
     CorruptDataError,
+    FlushFailedError,
     InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
@@ -19,6 +23,7 @@ from mqstore import (
     ReadOnlyStoreError,
     StoreClosedError,
     StoreConfig,
+    StoreError,
     StoreLockedError,
 )
 from tests.mqstore.conftest import SMALL
@@ -301,7 +306,6 @@ def test_consumequeue_flush_interval_spaces_the_dispatched_claim(tmp_path):
     """Between derived flushes a checkpoint saves the flushed position but keeps the
     last dispatched claim; close makes the claim whole; a crash in between loses
     nothing (recovery re-dispatches from the older claim)."""
-    from commitlog.checkpoint import CheckpointFile
 
     config = StoreConfig(**{**SMALL, "consumequeue_flush_interval_ms": 3_600_000})
     path = tmp_path / "s"
@@ -363,3 +367,118 @@ def test_put_batch_buffers_takes_an_arrow_like_column(open_store):
     with pytest.raises(InvalidArgumentError):
         store.put_batch_buffers("t", 1, offsets, data, nulls=np.zeros(2, np.uint8))
     assert store.max_offset("t", 1) == 4
+
+
+# ---------------------------------------------------------------- durability (issue 13)
+
+
+def test_a_failed_sync_poisons_the_store_until_reopen(tmp_path, small_config):
+    """fsyncgate: the failed sync is not retried; writes are refused with a typed
+    error; close leaves ``abort`` so the reopen recovers as after a crash."""
+    config = attrs.evolve(small_config, flush_mode="sync")
+    store = MessageStore.open(tmp_path / "s", config)
+    store.put("t", 0, b"durable")
+
+    def failing(mapped):
+        raise OSError(5, "Input/output error")
+
+    store.commitlog._syncer = failing
+    with pytest.raises(FlushFailedError):
+        store.put("t", 0, b"never acknowledged")
+    with pytest.raises(FlushFailedError):
+        store.put_batch("t", 0, [b"a", b"b"])
+    assert store.stats()["sync_failure"].startswith("FlushFailedError")
+    with pytest.raises(FlushFailedError):
+        store.close()
+    assert os.path.exists(tmp_path / "s" / "abort")
+    with MessageStore.open(tmp_path / "s", config) as again:
+        assert again.recovered_from_crash
+        bodies = [bytes(m.body) for m in again.get("t", 0, 0, 10)]
+        assert bodies[0] == b"durable"
+        again.put("t", 0, b"writable again")
+
+
+def test_a_failed_consumequeue_sync_freezes_the_checkpoint_claim(open_store, monkeypatch):
+    store = open_store()
+    store.put("t", 0, b"before")
+    assert len(store.get("t", 0, 0, 10)) == 1  # dispatched
+    store._write_checkpoint(derived=True)
+    claimed = store._checkpoint.dispatched_position
+    assert claimed > 0
+
+    def failing(*args, **kwargs):
+        raise StoreError("injected ConsumeQueue sync failure")
+
+    monkeypatch.setattr(file_cache, "sync_path", failing)
+    monkeypatch.setattr(file_cache, "_sync_filesystem_of", lambda candidates: False)
+    store.put("t", 0, b"after")
+    assert len(store.get("t", 0, 0, 10)) == 2
+    store._write_checkpoint(derived=True)
+    assert store.derived_sync_failure is not None
+    monkeypatch.undo()  # a later sync would "succeed": it must not be trusted
+    store.put("t", 0, b"later")
+    store._write_checkpoint(derived=True)
+    assert store._checkpoint.dispatched_position == claimed
+    assert store._checkpoint.flushed_position == store.commitlog.flushed_position
+    assert store.stats()["derived_sync_failure"] is not None
+
+
+def test_store_timestamps_never_go_back_across_a_clean_restart(tmp_path, small_config):
+    """Regression: after a clean close the recovery scan reads nothing, so the
+    timestamp floor was lost and a clock stepped back gave earlier store times."""
+    now = [2_000_000_000_000]
+    store = MessageStore.open(tmp_path / "s", small_config, clock_ms=lambda: now[0])
+    first = store.put("t", 0, b"a")
+    store.close()
+    now[0] -= 3_600_000  # the clock steps back an hour across the restart
+    with MessageStore.open(tmp_path / "s", small_config, clock_ms=lambda: now[0]) as again:
+        second = again.put("t", 0, b"b")
+        assert second.store_timestamp_ms >= first.store_timestamp_ms
+        stamps = [m.store_timestamp_ms for m in again.get("t", 0, 0, 10)]
+        assert stamps == sorted(stamps)
+    checkpoint = CheckpointFile(str(tmp_path / "s"), read_only=True).load()
+    assert checkpoint is not None
+    assert checkpoint.flushed_ts_ms == second.store_timestamp_ms
+
+
+def test_checkpoint_flushed_ts_is_the_last_flushed_record(open_store):
+    """Regression: flushed_ts_ms held the newest appended record's time, flushed
+    or not."""
+    now = [1_000_000]
+    store = open_store(clock_ms=lambda: now[0])
+    flushed = store.put("t", 0, b"flushed")
+    store.commitlog.flush_to(store.commitlog.write_position)
+    position, stamp = store.commitlog.flushed_mark
+    assert stamp == flushed.store_timestamp_ms == 1_000_000
+    now[0] += 5_000
+    store.put("t", 0, b"not flushed yet")
+    assert store.commitlog.flushed_mark == (position, stamp)
+
+
+def test_get_racing_retention_raises_offset_out_of_range(open_store, monkeypatch):
+    """Regression: a reader whose CommitLog file was unmapped by retention between
+    finding and reading it got a bare ``ValueError: mmap closed or invalid``."""
+    store = open_store()
+    store.put("t", 0, b"x")
+    commitlog = store.commitlog
+    real_file_for = commitlog.file_for
+
+    def file_for_then_retention(position):
+        mapped = real_file_for(position)
+        mapped.mapping.close()  # retention unmapped it right after the look-up
+        return mapped
+
+    monkeypatch.setattr(commitlog, "file_for", file_for_then_retention)
+    with pytest.raises(OffsetOutOfRangeError, match="retention"):
+        store.get("t", 0, 0, 10)
+
+
+def test_committing_through_a_read_only_store_is_a_typed_error(open_store, tmp_path):
+    writer = open_store()
+    writer.create_topic("t", partitions=1)
+    writer.put("t", 0, b"x")
+    reader = open_store(path=tmp_path / "store", read_only=True)
+    with pytest.raises(ReadOnlyStoreError):
+        reader.offsets.commit("g", {("t", 0): (1, "")})
+    with pytest.raises(ReadOnlyStoreError):
+        reader.topics.put(writer.topics.get("t"))
