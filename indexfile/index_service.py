@@ -48,6 +48,7 @@ from typing import Final
 
 import numpy as np
 
+from commitlog.durable import makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -120,7 +121,7 @@ class IndexService:
         """
         service = cls(os.fspath(directory), config, read_only)
         if not read_only:
-            os.makedirs(service.directory, exist_ok=True)
+            makedirs_durable(service.directory)
             _remove_temp_files(service.directory)
         service._relist()
         if not read_only and service._files:

@@ -19,6 +19,7 @@ import re
 import threading
 from typing import Any, Final
 
+from commitlog.durable import makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -53,7 +54,7 @@ class OffsetStore:
         self.read_only = read_only
         self._lock = threading.Lock()
         if not read_only:
-            os.makedirs(self.directory, exist_ok=True)
+            makedirs_durable(self.directory)  # committed offsets are primary data
 
     def _path(self, group: str) -> str:
         return os.path.join(self.directory, validate_group(group))

@@ -40,6 +40,7 @@ import numpy as np
 
 from commitlog.checkpoint import Checkpoint, CheckpointFile
 from commitlog.commitlog import BatchAppendResult, CommitLog
+from commitlog.durable import makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
     FlushFailedError,
@@ -148,7 +149,7 @@ class MessageStore(CommitLogEngine):
             if not os.path.isdir(root):
                 raise InvalidArgumentError(f"no store at {root}")
         else:
-            os.makedirs(root, exist_ok=True)
+            makedirs_durable(root)
         store = cls(root, config, read_only)
         store._clock_ms = clock_ms or _wall_clock_ms
         store._disk_usage = disk_usage_percent or (lambda: retention.disk_usage_percent(root))
@@ -182,8 +183,8 @@ class MessageStore(CommitLogEngine):
             or not os.listdir(queues_dir)
         )
         if not read_only:
-            os.makedirs(queues_dir, exist_ok=True)
-            os.makedirs(index_dir, exist_ok=True)
+            makedirs_durable(queues_dir)
+            makedirs_durable(index_dir)
         self.consume_queues = ConsumeQueueStore.open(
             queues_dir,
             ConsumeQueueConfig(

@@ -482,3 +482,17 @@ def test_committing_through_a_read_only_store_is_a_typed_error(open_store, tmp_p
         reader.offsets.commit("g", {("t", 0): (1, "")})
     with pytest.raises(ReadOnlyStoreError):
         reader.topics.put(writer.topics.get("t"))
+
+
+def test_a_new_store_makes_its_directories_durable(tmp_path, syscalls):
+    """Regression: the store root, commitlog/, consumequeue/, index/ and offsets/
+    were made with os.makedirs and never fsynced into their parents, so a power cut
+    could drop a whole directory of committed offsets or CommitLog files."""
+    root = tmp_path / "store"
+    config = StoreConfig(commitlog_file_size_bytes=64 * 1024, prewarm=False)
+    MessageStore.open(root, config).close()
+    synced = {path for kind, path in syscalls.events if kind == "fsync"}
+    assert str(tmp_path) in synced  # the root's own entry
+    assert str(root) in synced  # commitlog/, consumequeue/, index/ entries
+    for name in ("commitlog", "consumequeue", "index"):
+        assert (root / name).is_dir()
