@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck unit soak pipeline bench bench-full bench-spark clean
+.PHONY: demo test lint typecheck unit unit-pure soak pipeline bench bench-full bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,14 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	MQSTORE_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 
-test: lint typecheck unit
+# The pure-Python twins of the C module: what a machine without a C compiler runs.
+PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile \
+	tests/mqstore/test_store.py tests/mqstore/test_store_model.py \
+	tests/mqstore/test_corruption.py tests/mqstore/test_kafka.py tests/mqstore/test_kafka_producer.py
+unit-pure: $(STAMP)
+	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
+
+test: lint typecheck unit unit-pure
 
 # 500 SIGKILL/restart iterations and a 10-minute soak; prints the figures.
 soak: $(STAMP)

@@ -11,16 +11,16 @@ Names, shapes and semantics follow kafka-python, so that its users feel at home:
 There is no broker and no network: ``store`` is an open ``MessageStore`` (or a
 ``segmented.SegmentedStore``) in this process. Groups have a single member: a
 ``subscribe``d consumer owns every partition of its topics (no rebalance protocol).
+This module holds the consumer; the producer lives in mqstore.kafka_producer and is
+re-exported here, so ``from mqstore.kafka import KafkaProducer`` keeps working.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from commitlog.errors import (
@@ -30,7 +30,15 @@ from commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from mqstore.engine import Engine, ProducerRecord
+from mqstore.engine import Engine
+from mqstore.kafka_producer import (
+    FutureRecordMetadata,
+    KafkaProducer,
+    RecordMetadata,
+    TopicPartition,
+    check_configs,
+    murmur2,
+)
 from mqstore.offsets import validate_group
 
 __all__ = [
@@ -46,11 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -81,384 +84,6 @@ class ConsumerRecord(NamedTuple):
     serialized_header_size: int
 
 
-class RecordMetadata(NamedTuple):
-    topic: str
-    partition: int
-    topic_partition: TopicPartition
-    offset: int
-    timestamp: int
-    checksum: int | None
-    serialized_key_size: int
-    serialized_value_size: int
-    serialized_header_size: int
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (the Java client's ``Utils.murmur2``), as a signed int32, so
-    that a key lands on the same partition as with Kafka's default partitioner."""
-    length = len(data)
-    seed = 0x9747B28C
-    m = 0x5BD1E995
-    r = 24
-    h = (seed ^ length) & 0xFFFFFFFF
-    length4 = length // 4
-    for i in range(length4):
-        i4 = i * 4
-        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    extra = length % 4
-    tail = length & ~3
-    if extra >= 3:
-        h ^= data[tail + 2] << 16
-    if extra >= 2:
-        h ^= data[tail + 1] << 8
-    if extra >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def default_partitioner(key: bytes, all_partitions: Sequence[int], available: Sequence[int]) -> int:
-    """Kafka's: murmur2(key) made positive, modulo the partition count."""
-    return all_partitions[(murmur2(key) & 0x7FFFFFFF) % len(all_partitions)]
-
-
-class FutureRecordMetadata:
-    """The result of ``send``: resolved at once (linger_ms=0) or at the next flush.
-
-    The Event a waiter blocks on is made only when someone waits on an unresolved
-    future, so the common linger_ms=0 send pays for no lock."""
-
-    __slots__ = ("_callbacks", "_done", "_event", "exception", "value")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._event: threading.Event | None = None
-        self.value: RecordMetadata | None = None
-        self.exception: BaseException | None = None
-        self._callbacks: list[tuple[Callable[..., Any], bool]] | None = None
-
-    def _resolve(self, value: RecordMetadata | None, error: BaseException | None) -> None:
-        self.value, self.exception = value, error
-        self._done = True
-        event = self._event
-        if event is not None:
-            event.set()
-        for callback, on_error in self._callbacks or ():
-            self._run(callback, on_error)
-
-    def _run(self, callback: Callable[..., Any], on_error: bool) -> None:
-        if on_error and self.exception is not None:
-            callback(self.exception)
-        elif not on_error and self.exception is None:
-            callback(self.value)
-
-    @property
-    def is_done(self) -> bool:
-        return self._done
-
-    def succeeded(self) -> bool:
-        return self.is_done and self.exception is None
-
-    def failed(self) -> bool:
-        return self.is_done and self.exception is not None
-
-    def get(self, timeout: float | None = None) -> RecordMetadata:
-        """The record's metadata; raises the send's error, or TimeoutError."""
-        if not self._done:
-            if self._event is None:
-                self._event = threading.Event()
-                if self._done:  # resolved between the two checks
-                    self._event.set()
-            if not self._event.wait(timeout):
-                raise TimeoutError("the record was not sent within the timeout")
-        if self.exception is not None:
-            raise self.exception
-        assert self.value is not None
-        return self.value
-
-    def add_callback(self, callback: Callable[[RecordMetadata], Any]) -> FutureRecordMetadata:
-        self._callbacks = [*(self._callbacks or ()), (callback, False)]
-        if self.is_done:
-            self._run(callback, False)
-        return self
-
-    def add_errback(self, errback: Callable[[BaseException], Any]) -> FutureRecordMetadata:
-        self._callbacks = [*(self._callbacks or ()), (errback, True)]
-        if self.is_done:
-            self._run(errback, True)
-        return self
-
-
-#: kafka-python settings that concern brokers, the network or security: accepted (so
-#: code written for kafka-python runs unchanged) and ignored, as there is no broker.
-_IGNORED_CONFIGS = frozenset(
-    [
-        "bootstrap_servers",
-        "client_id",
-        "group_instance_id",
-        "enable_incremental_fetch_sessions",
-        "fetch_min_bytes",
-        "fetch_max_bytes",
-        "max_partition_fetch_bytes",
-        "request_timeout_ms",
-        "retry_backoff_ms",
-        "max_in_flight_requests_per_connection",
-        "check_crcs",
-        "isolation_level",
-        "allow_auto_create_topics",
-        "metadata_max_age_ms",
-        "partition_assignment_strategy",
-        "max_poll_interval_ms",
-        "session_timeout_ms",
-        "heartbeat_interval_ms",
-        "receive_buffer_bytes",
-        "send_buffer_bytes",
-        "socket_options",
-        "security_protocol",
-        "api_version",
-        "api_version_auto_timeout_ms",
-        "connections_max_idle_ms",
-        "selector",
-        "exclude_internal_topics",
-        "default_offset_commit_callback",
-        "enable_idempotence",
-        "transactional_id",
-        "transaction_timeout_ms",
-        "delivery_timeout_ms",
-        "bootstrap_topics_filter",
-        "compression_type",
-        "retries",
-        "max_block_ms",
-        "max_request_size",
-        "kafka_client",
-    ]
-)
-_IGNORED_PREFIXES = ("ssl_", "sasl_", "metric", "reconnect_", "sock_")
-
-
-def _check_configs(configs: dict[str, Any], known: dict[str, Any], kind: str) -> None:
-    unknown = {
-        name for name in configs
-        if name not in known and name not in _IGNORED_CONFIGS
-        and not name.startswith(_IGNORED_PREFIXES)
-    }  # fmt: skip
-    if unknown:
-        raise InvalidArgumentError(f"unrecognized {kind} configs: {sorted(unknown)}")
-
-
-_PRODUCER_DEFAULTS: dict[str, Any] = {
-    "key_serializer": None,
-    "value_serializer": None,
-    "partitioner": default_partitioner,
-    "linger_ms": 0,
-    "batch_size": 16384,
-    "acks": 1,
-    "client_id": "mqstore-producer",
-}
-
-
-class KafkaProducer:
-    """Sends records to an engine; ``linger_ms`` > 0 batches them per partition.
-
-    With ``linger_ms=0`` (the default) each ``send`` appends at once and its future
-    is already resolved. With ``linger_ms`` > 0, records wait in a per-partition
-    batch until ``batch_size`` bytes, the linger time, ``flush()`` or ``close()``;
-    a batch is appended with one ``append_records`` (``put_batch``) call.
-    """
-
-    def __init__(self, store: Engine, **configs: Any) -> None:
-        _check_configs(configs, _PRODUCER_DEFAULTS, "producer")
-        if not isinstance(store, Engine):
-            raise InvalidTypeError("store must be an open MessageStore or SegmentedStore")
-        self.config = {**_PRODUCER_DEFAULTS, **configs}
-        self._store = store
-        self._lock = threading.Lock()
-        self._batches: dict[TopicPartition, list[tuple[ProducerRecord, FutureRecordMetadata]]] = {}
-        self._batch_bytes: dict[TopicPartition, int] = {}
-        self._round_robin: dict[str, Iterator[int]] = {}
-        self._closed = False
-        self._linger_s = self.config["linger_ms"] / 1000
-        self._flusher: threading.Thread | None = None
-        self._wake = threading.Event()
-        if self._linger_s > 0:
-            self._flusher = threading.Thread(target=self._linger_loop, daemon=True)
-            self._flusher.start()
-
-    def partitions_for(self, topic: str) -> set[int]:
-        return set(range(self._store.describe_topic(topic).partitions))
-
-    def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        headers: Sequence[tuple[str, bytes]] | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> FutureRecordMetadata:
-        """Send one record; returns a future whose ``get()`` gives RecordMetadata.
-
-        Raises:
-            StoreClosedError: the producer is closed.
-            UnknownTopicError: no such topic or partition.
-            InvalidArgumentError, InvalidTypeError: bad key, value, headers or timestamp.
-        """
-        if self._closed:
-            raise StoreClosedError("the producer is closed")
-        if value is None and key is None:
-            raise InvalidArgumentError("need at least one of key and value")
-        key_bytes = self._serialize("key_serializer", topic, key)
-        value_bytes = self._serialize("value_serializer", topic, value)
-        if timestamp_ms is not None and (
-            isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0
-        ):
-            raise InvalidArgumentError(f"timestamp_ms must be a non-negative int: {timestamp_ms!r}")
-        header_list = _check_headers(headers)
-        chosen = self._choose_partition(topic, key_bytes, partition)
-        record = ProducerRecord(key_bytes, value_bytes, header_list, timestamp_ms)
-        future = FutureRecordMetadata()
-        tp = TopicPartition(topic, chosen)
-        if self._linger_s <= 0:
-            self._append(tp, [(record, future)])
-            if future.exception is not None:
-                raise future.exception
-            return future
-        size = len(key_bytes or b"") + len(value_bytes or b"")
-        with self._lock:
-            self._batches.setdefault(tp, []).append((record, future))
-            self._batch_bytes[tp] = self._batch_bytes.get(tp, 0) + size
-            full = self._batch_bytes[tp] >= self.config["batch_size"]
-        if full:
-            self._drain([tp])
-        return future
-
-    def send_batch(
-        self, topic: str, partition: int, values: Sequence[Any], keys: Sequence[Any] | None = None
-    ) -> list[RecordMetadata]:
-        """Append many values to one partition in one ``put_batch`` (no linger)."""
-        if keys is not None and len(keys) != len(values):
-            raise InvalidArgumentError("keys and values differ in length")
-        records = [
-            ProducerRecord(
-                self._serialize("key_serializer", topic, None if keys is None else keys[i]),
-                self._serialize("value_serializer", topic, value),
-                [],
-                None,
-            )
-            for i, value in enumerate(values)
-        ]
-        chosen = self._choose_partition(topic, None, partition)
-        futures = [FutureRecordMetadata() for _ in records]
-        self._append(TopicPartition(topic, chosen), list(zip(records, futures, strict=True)))
-        return [future.get() for future in futures]
-
-    def _serialize(self, name: str, topic: str, value: Any) -> bytes | None:
-        serializer = self.config[name]
-        if serializer is not None and value is not None:
-            value = serializer(value)
-        if value is not None and not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidTypeError(
-                f"{name.split('_')[0]} must be bytes (or set {name}), not {type(value).__name__}"
-            )
-        return None if value is None else bytes(value)
-
-    def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
-        count = self._store.describe_topic(topic).partitions
-        if partition is not None:
-            if isinstance(partition, bool) or not isinstance(partition, int):
-                raise InvalidTypeError("partition must be an int")
-            if not 0 <= partition < count:
-                raise UnknownTopicError(f"topic {topic!r} has no partition {partition}")
-            return partition
-        all_partitions = list(range(count))
-        if key is not None:
-            return int(self.config["partitioner"](key, all_partitions, all_partitions))
-        cycle = self._round_robin.get(topic)
-        if cycle is None:
-            cycle = self._round_robin[topic] = itertools.cycle(range(1 << 30))
-        return next(cycle) % count
-
-    def _append(
-        self, tp: TopicPartition, items: list[tuple[ProducerRecord, FutureRecordMetadata]]
-    ) -> None:
-        try:
-            appended = self._store.append_records(tp.topic, tp.partition, [r for r, _ in items])
-        except Exception as error:  # every future of the batch carries the error
-            for _, future in items:
-                future._resolve(None, error)
-            return
-        for (_, future), result in zip(items, appended, strict=True):
-            future._resolve(
-                RecordMetadata(
-                    tp.topic, tp.partition, tp, result.offset, result.timestamp_ms, None,
-                    result.serialized_key_size, result.serialized_value_size,
-                    result.serialized_header_size,
-                ),
-                None,
-            )  # fmt: skip
-
-    def _drain(self, tps: Iterable[TopicPartition] | None = None) -> None:
-        with self._lock:
-            chosen = (
-                list(self._batches) if tps is None else [tp for tp in tps if tp in self._batches]
-            )
-            batches = [(tp, self._batches.pop(tp)) for tp in chosen]
-            for tp in chosen:
-                self._batch_bytes.pop(tp, None)
-        for tp, items in batches:
-            self._append(tp, items)
-
-    def _linger_loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self._linger_s)
-            self._drain()
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Append every waiting record now."""
-        self._drain()
-
-    def close(self, timeout: float | None = None) -> None:
-        if self._closed:
-            return
-        self._drain()
-        self._closed = True
-        self._wake.set()
-        if self._flusher is not None:
-            self._flusher.join()
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
-
-    def __enter__(self) -> KafkaProducer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def _check_headers(headers: Sequence[tuple[str, bytes]] | None) -> list[tuple[str, bytes]]:
-    if not headers:
-        return []
-    checked = []
-    for item in headers:
-        try:
-            name, value = item
-        except (TypeError, ValueError):
-            raise InvalidTypeError("headers must be (str, bytes) pairs") from None
-        if not isinstance(name, str) or not isinstance(value, bytes | bytearray):
-            raise InvalidTypeError("headers must be (str, bytes) pairs")
-        checked.append((name, bytes(value)))
-    return checked
-
-
 _CONSUMER_DEFAULTS: dict[str, Any] = {
     "group_id": None,
     "key_deserializer": None,
@@ -477,7 +102,7 @@ class KafkaConsumer:
     """Reads partitions of an engine with kafka-python's API (see module docs)."""
 
     def __init__(self, *topics: str, store: Engine, **configs: Any) -> None:
-        _check_configs(configs, _CONSUMER_DEFAULTS, "consumer")
+        check_configs(configs, _CONSUMER_DEFAULTS, "consumer")
         if not isinstance(store, Engine):
             raise InvalidTypeError("store must be an open MessageStore or SegmentedStore")
         self.config = {**_CONSUMER_DEFAULTS, **configs}

@@ -1,5 +1,7 @@
 """Conformance of the Kafka-style adapter, written against the engine interface only,
-so that it runs unchanged against every engine (parametrized by ``engine``)."""
+so that it runs unchanged against every engine (parametrized by ``engine``). The
+producer's own behaviour (linger, order, buffer_memory, close) is tested in
+test_kafka_producer.py."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from mqstore import (
     TopicPartition,
     UnknownTopicError,
 )
-from mqstore.kafka import murmur2
 from tests.mqstore.engines import ENGINES, open_engine
 
 
@@ -53,16 +54,6 @@ def _drain(consumer, expected, timeout_s=5.0):
     return records
 
 
-def test_murmur2_matches_kafkas_test_vectors():
-    # From Kafka's UtilsTest.testMurmur2 (the Java client's partitioner hash).
-    assert murmur2(b"21") == -973932308
-    assert murmur2(b"foobar") == -790332482
-    assert murmur2(b"a-little-bit-long-string") == -985981536
-    assert murmur2(b"a-little-bit-longer-string") == -1486304829
-    assert murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") == -58897971
-    assert murmur2(b"abc") == 479470107
-
-
 def test_ordering_and_dense_offsets_within_a_partition(engine):
     engine.create_topic("orders", 3)
     producer = KafkaProducer(engine)
@@ -76,26 +67,6 @@ def test_ordering_and_dense_offsets_within_a_partition(engine):
     assert [r.offset for r in records] == list(range(50))
     assert [r.value for r in records] == [b"v%d" % i for i in range(50)]
     assert consumer.position(TopicPartition("orders", 1)) == 50
-
-
-def test_keys_go_to_stable_partitions(engine):
-    engine.create_topic("keyed", 8)
-    producer = KafkaProducer(engine)
-    placed = {}
-    for i in range(200):
-        key = b"user-%d" % (i % 20)
-        meta = producer.send("keyed", b"x", key=key).get()
-        placed.setdefault(key, set()).add(meta.partition)
-        assert meta.partition == (murmur2(key) & 0x7FFFFFFF) % 8
-    assert all(len(parts) == 1 for parts in placed.values())
-    assert len({p for parts in placed.values() for p in parts}) > 1
-
-
-def test_keyless_records_spread_round_robin(engine):
-    engine.create_topic("spread", 4)
-    producer = KafkaProducer(engine)
-    partitions = [producer.send("spread", b"x").get().partition for _ in range(8)]
-    assert sorted(set(partitions)) == [0, 1, 2, 3]
 
 
 def test_record_fields_round_trip(engine):
@@ -312,17 +283,6 @@ def test_bad_input_to_the_adapter(engine):
     with pytest.raises(StoreClosedError):
         producer.send("ok", b"x")
     assert engine.latest_offset("ok", 0) == 0  # nothing was written by any of it
-
-
-def test_linger_batches_through_one_append(engine):
-    engine.create_topic("b", 1)
-    producer = KafkaProducer(engine, linger_ms=10_000, batch_size=1 << 30)
-    futures = [producer.send("b", b"%d" % i) for i in range(100)]
-    assert not any(f.is_done for f in futures)
-    producer.flush()
-    assert [f.get(1).offset for f in futures] == list(range(100))
-    assert producer.send_batch("b", 0, [b"x"] * 10)[-1].offset == 109
-    producer.close()
 
 
 def test_auto_commit_on_poll_and_close(engine):
