@@ -26,6 +26,7 @@ __all__ = [
     "DiskFullError",
     "ReadOnlyStoreError",
     "UnknownTopicError",
+    "DispatchFailedError",
 ]
 
 
@@ -122,3 +123,24 @@ class UnknownTopicError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
         return str(self.args[0]) if self.args else "unknown topic"
+
+
+class DispatchFailedError(StoreError):
+    """The dispatcher stopped: the CommitLog holds a record it cannot parse, or its
+    rounds kept failing past their retry bound. The cause is chained.
+
+    ConsumeQueues and the index stop at ``position``; reads that need later records
+    and writes raise this error until the store is reopened (after fixing the cause).
+
+    Attributes:
+        position: the physical offset dispatch stopped at.
+        reason: what stopped it.
+    """
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position = position
+        self.reason = reason
+        super().__init__(f"dispatch stopped at physical offset {position}: {reason}")
+
+    def __reduce__(self) -> tuple[type[DispatchFailedError], tuple[int, str]]:
+        return (type(self), (self.position, self.reason))

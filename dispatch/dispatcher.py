@@ -16,6 +16,17 @@ Crash policy: the dispatched position is saved in the checkpoint only after the
 ConsumeQueues and the index are flushed. After a crash, dispatch restarts at the
 checkpointed position and re-dispatches; ConsumeQueue and index writes are
 idempotent, so nothing is duplicated or shifted.
+
+Failure policy: a record the dispatcher cannot parse (a bad magic, a size below a
+header or past its file or the written range, a blank record that does not end its
+file) is corrupt data; parsing never trusts such a size, so it can never spin. What
+precedes the record is dispatched, the position stops at the record's start, and
+the dispatcher fails at once: re-reading the same bytes gives the same answer. Any
+other failing round is retried with a doubling pause, for at most ``retry_window_ms``
+of consecutive failures, then the dispatcher fails too. Failed, it stops for good:
+``failure`` holds a DispatchFailedError (cause chained), and ``dispatch_available``
+and ``wait_for`` raise one, so no reader waits forever or reads stale data unknowingly.
+Reopening the store (once the cause is fixed) starts a fresh dispatcher.
 """
 
 from __future__ import annotations
@@ -27,11 +38,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, NoReturn, Protocol
 
 import numpy as np
 
 from commitlog.commitlog import BatchFeed, CommitLog
+from commitlog.errors import ConfigError, CorruptDataError, DispatchFailedError
+from commitlog.mapped_file import MappedFile
 from commitlog.record import (
     BLANK_MAGIC,
     BLANK_SIZE,
@@ -39,7 +52,6 @@ from commitlog.record import (
     HEADER_SIZE,
     MESSAGE_MAGIC,
     decode_keys,
-    read_prefix,
     tag_hash,
 )
 from consumequeue.queue_store import ConsumeQueueStore
@@ -52,7 +64,15 @@ log = logging.getLogger(__name__)
 _SIZE_MAGIC: Final = struct.Struct("<II")  # the first two fields of every record
 ROUND_BYTES_MAX: Final = 8 << 20  # one round's parse; bounds reader latency per round
 SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue gets put() per unit, not put_batch
-ERROR_BACKOFF_S: Final = 0.05  # a failing round is retried after this pause
+# A failing round is retried after a pause that doubles from MIN to MAX: the first
+# retries are quick (a transient error costs readers little), later ones cheap.
+RETRY_BACKOFF_MS_MIN: Final = 50
+RETRY_BACKOFF_MS_MAX: Final = 2_000  # a cleared fault is noticed within 2 s
+# Consecutive failing time before the dispatcher gives up: three retention checks at
+# their default 10 s interval, so a full disk has time to be cleaned before readers
+# are failed; short enough that a permanent fault is visible within half a minute.
+RETRY_WINDOW_MS: Final = 30_000
+RETRY_WINDOW_MS_MAX: Final = 3_600_000  # a bound that is still a bound
 _TAG_CACHE_MAX: Final = 4096  # distinct tags whose hashes are remembered
 
 
@@ -132,6 +152,16 @@ class _Group:
                 np.concatenate(times))  # fmt: skip
 
 
+class _Parsed(NamedTuple):
+    """What one _parse call got through: records before ``position``, and the
+    corruption that stopped it there (None when it reached its end)."""
+
+    position: int
+    store_ts_ms: int
+    records: int
+    corruption: CorruptDataError | None
+
+
 class _ReadLog(NamedTuple):
     """Work item: records in [start, stop) that the feed does not describe."""
 
@@ -140,7 +170,13 @@ class _ReadLog(NamedTuple):
 
 
 class Dispatcher:
-    """Dispatch service of one store."""
+    """Dispatch service of one store.
+
+    Attributes:
+        failure: why it stopped for good (a DispatchFailedError, cause chained), or
+            None while it runs. Set once, never cleared; read only.
+        last_error: the last failed round's error while it retries, else None.
+    """
 
     def __init__(
         self,
@@ -152,7 +188,19 @@ class Dispatcher:
         sync_mode: bool,
         uses_create_time: TimestampChooser,
         interval_ms: int = 1,
+        retry_window_ms: int = RETRY_WINDOW_MS,
     ) -> None:
+        """Args:
+            retry_window_ms: how long rounds may keep failing before the dispatcher
+                gives up (see the module docstring), 1 to RETRY_WINDOW_MS_MAX.
+
+        Raises:
+            ConfigError: ``retry_window_ms`` out of bounds.
+        """
+        if not 1 <= retry_window_ms <= RETRY_WINDOW_MS_MAX:
+            raise ConfigError(
+                f"retry_window_ms {retry_window_ms} is outside [1, {RETRY_WINDOW_MS_MAX}]"
+            )
         self._commitlog = commitlog
         self._queues = queues
         # The fast path for one-unit-per-queue rounds (many queues); the real store only.
@@ -161,6 +209,10 @@ class Dispatcher:
         self._sync_mode = sync_mode
         self._uses_create_time = uses_create_time
         self._interval_s = interval_ms / 1000
+        self._retry_window_ms = retry_window_ms
+        # Why the dispatcher stopped for good (cause chained), or None; set once, read
+        # only. A plain attribute, not a property: every put checks it.
+        self.failure: DispatchFailedError | None = None
         self._position = start_position
         self._dispatched_ts_ms = 0
         self._wake = threading.Event()
@@ -195,27 +247,81 @@ class Dispatcher:
             wake.set()
 
     def close(self) -> None:
-        """Dispatch what is readable, then stop."""
+        """Dispatch what is readable (unless failed), then stop."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        self.dispatch_available()
-        if self._tail is not None:
-            self._tail.detach_all()
+        try:
+            if self.failure is None:
+                self.dispatch_available()
+        finally:
+            if self._tail is not None:
+                self._tail.detach_all()
 
     def _run(self) -> None:
+        failing_since_s: float | None = None  # monotonic time of the first failure in a row
+        backoff_ms = RETRY_BACKOFF_MS_MIN
+        attempts = 0
         while not self._stop.is_set():
             self._wake.wait(self._interval_s)
             self._wake.clear()
             try:
                 while self.dispatch_available(ROUND_BYTES_MAX):
                     pass
-                self.last_error = None
-            except Exception as error:  # kept for stats; retried after a pause
+            except DispatchFailedError:
+                return  # failed for good (corrupt data): the state says why
+            except Exception as error:
+                attempts += 1
+                now_s = time.monotonic()
+                if failing_since_s is None:
+                    failing_since_s = now_s
+                failing_ms = (now_s - failing_since_s) * 1000
                 self.last_error = error
-                log.exception("dispatch round failed at %d; retrying", self._position)
-                self._stop.wait(ERROR_BACKOFF_S)
+                if failing_ms >= self._retry_window_ms:
+                    self._fail(error, f"{attempts} rounds failed over {failing_ms:.0f} ms")
+                    return
+                log.warning(
+                    "dispatch round failed at %d (attempt %d); retrying in %d ms: %r",
+                    self._position, attempts, backoff_ms, error,
+                    exc_info=attempts == 1,
+                )  # fmt: skip
+                self._stop.wait(backoff_ms / 1000)
+                backoff_ms = min(backoff_ms * 2, RETRY_BACKOFF_MS_MAX)
+                continue
+            if attempts:
+                log.info(
+                    "dispatch recovered at %d after %d failed rounds", self._position, attempts
+                )
+            failing_since_s, backoff_ms, attempts = None, RETRY_BACKOFF_MS_MIN, 0
+            self.last_error = None
+
+    def check_failed(self) -> None:
+        """Raise the failure, if any, as a fresh DispatchFailedError.
+
+        Raises:
+            DispatchFailedError: the dispatcher failed.
+        """
+        if self.failure is not None:
+            self._raise_failed()
+
+    def _raise_failed(self) -> NoReturn:
+        failure = self.failure
+        assert failure is not None
+        # A fresh error per raise: re-raising one instance from many threads would
+        # grow and share its traceback.
+        raise DispatchFailedError(failure.position, failure.reason) from failure.__cause__
+
+    def _fail(self, cause: BaseException, reason: str) -> None:
+        """Enter the failed state and wake every waiting reader to see it."""
+        failure = DispatchFailedError(self._position, f"{reason}: {cause}")
+        failure.__cause__ = cause
+        with self._readers:
+            if self.failure is not None:
+                return
+            self.failure = failure
+            self._readers.notify_all()
+        log.critical("%s", failure, exc_info=cause)
 
     @property
     def position(self) -> int:
@@ -245,14 +351,25 @@ class Dispatcher:
 
         Returns:
             The number of records dispatched (0 when there was nothing new).
+
+        Raises:
+            DispatchFailedError: the dispatcher failed (now, on corrupt data, or before).
         """
+        if self.failure is not None:
+            self._raise_failed()
         with self._round_lock:
+            if self.failure is not None:  # failed while this call waited for the lock
+                self._raise_failed()
             end = self.readable_end()
             if bytes_max is not None:
                 end = min(end, self._position + bytes_max)
             if end <= self._position:
                 return 0
-            count = self._dispatch_until(end)
+            try:
+                count = self._dispatch_until(end)
+            except CorruptDataError as error:  # the same bytes would fail the same way
+                self._fail(error, "the CommitLog holds a record dispatch cannot parse")
+                self._raise_failed()
         if count:
             with self._readers:
                 self._readers.notify_all()
@@ -290,6 +407,7 @@ class Dispatcher:
         if self._work_end < end:
             self._refill()
         position, store_ts_ms, count = self._position, 0, 0
+        corruption: CorruptDataError | None = None
         work = self._work
         tail = self._tail
         try:
@@ -301,12 +419,16 @@ class Dispatcher:
                         self._write_singles(singles, keyed)
                         singles = []
                     if kind is _ReadLog:
-                        stop = min(item.stop, end)
-                        position, stamp, parsed = self._parse(
-                            max(item.start, position), stop, groups, keyed
-                        )
-                        count += parsed
-                        store_ts_ms = stamp or store_ts_ms
+                        parsed = self._parse(
+                            max(item.start, position), min(item.stop, end), item.stop,
+                            groups, keyed,
+                        )  # fmt: skip
+                        position = parsed.position
+                        count += parsed.records
+                        store_ts_ms = parsed.store_ts_ms or store_ts_ms
+                        if parsed.corruption is not None:
+                            corruption = parsed.corruption  # dispatch what came before it
+                            break
                         if position >= item.stop:
                             work.popleft()
                         continue
@@ -349,6 +471,8 @@ class Dispatcher:
             self._dispatched_ts_ms = store_ts_ms
         self.rounds += 1
         self.dispatched_records += count
+        if corruption is not None:
+            raise corruption
         return count
 
     def _write_singles(
@@ -473,10 +597,16 @@ class Dispatcher:
         self,
         start: int,
         end: int,
+        hard_end: int,
         groups: dict[tuple[str, int], _Group],
         keyed: list[tuple[str, list[str], int, int]],
-    ) -> tuple[int, int, int]:
-        """Parse record headers in [start, end) into per-queue groups."""
+    ) -> _Parsed:
+        """Parse the headers of records that start in [start, end) into per-queue groups.
+
+        ``end`` may cut a record (a round's byte budget): the record is parsed whole.
+        ``hard_end`` is a record boundary the log wrote up to; no record may pass it.
+        A record that breaks the format stops the parse at its start (see _unparsable).
+        """
         commitlog = self._commitlog
         unpack = HEADER.unpack_from
         unpack_prefix = _SIZE_MAGIC.unpack_from
@@ -487,15 +617,23 @@ class Dispatcher:
             mapped = commitlog.file_for(position)
             mapping = mapped.mapping
             in_file = position - mapped.start_offset
-            limit = min(mapped.size_bytes, end - mapped.start_offset)
-            while in_file + BLANK_SIZE <= limit:
+            stop = min(mapped.size_bytes, end - mapped.start_offset)
+            # A message ends by the hard end and leaves room for a blank record in its
+            # file (record.py), so every header and prefix read below stays in the file.
+            fit = min(mapped.size_bytes - BLANK_SIZE, hard_end - mapped.start_offset)
+            if in_file > mapped.size_bytes - BLANK_SIZE:
+                reason = f"a record cannot start {mapped.size_bytes - in_file} bytes before the end"
+                return _Parsed(position, store_ts_ms, count, self._corrupt(mapped, in_file, reason))
+            while in_file < stop:
                 size, magic = unpack_prefix(mapping, in_file)
-                if magic != MESSAGE_MAGIC:
-                    # Only a blank record can be here: the range is before the readable
-                    # end, which only ever covers complete, verified records.
-                    read_prefix(mapping, in_file, mapped.size_bytes, mapped.path)
-                    assert magic == BLANK_MAGIC
-                    in_file = mapped.size_bytes
+                if magic != MESSAGE_MAGIC or not HEADER_SIZE <= size <= fit - in_file:
+                    broken = _unparsable(mapped, in_file, size, magic, hard_end)
+                    if broken is not None:
+                        corruption = self._corrupt(mapped, in_file, broken)
+                        return _Parsed(
+                            mapped.start_offset + in_file, store_ts_ms, count, corruption
+                        )
+                    in_file = mapped.size_bytes  # a blank record: the file ends here
                     break
                 fields = unpack(mapping, in_file)
                 queue_offset, physical, born_ts, store_ts_ms, queue_id = fields[3:8]
@@ -525,7 +663,12 @@ class Dispatcher:
             advanced = mapped.start_offset + in_file
             assert advanced > position, f"dispatch made no progress at {position}"
             position = advanced
-        return position, store_ts_ms, count
+        return _Parsed(position, store_ts_ms, count, None)
+
+    @staticmethod
+    def _corrupt(mapped: MappedFile, in_file: int, reason: str) -> CorruptDataError:
+        physical = mapped.start_offset + in_file
+        return CorruptDataError(mapped.path, in_file, f"record at physical {physical}: {reason}")
 
     def _topic_name(self, raw: bytes) -> str:
         name = raw.decode("ascii")
@@ -546,14 +689,40 @@ class Dispatcher:
         """Block until ``has_data()`` is true or the timeout passes; return which.
 
         ``has_data`` is re-checked after every dispatch round that added records.
+
+        Raises:
+            DispatchFailedError: the dispatcher failed before ``has_data()`` came true
+                (it never will: nothing more is dispatched).
         """
         if has_data():
             return True
         deadline = time.monotonic() + timeout_ms / 1000
         with self._readers:
             while not has_data():
+                if self.failure is not None:
+                    self._raise_failed()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop.is_set():
                     return False
                 self._readers.wait(remaining)
         return True
+
+
+def _unparsable(
+    mapped: MappedFile, in_file: int, size: int, magic: int, hard_end: int
+) -> str | None:
+    """Why the record at ``in_file`` (not a well-sized message) breaks the format, or
+    None for a valid blank record: one that fills the rest of its file, which the log
+    wrote before moving to the next file (so the file ends by ``hard_end``)."""
+    file_end = mapped.start_offset + mapped.size_bytes
+    if magic == BLANK_MAGIC:
+        if in_file + size != mapped.size_bytes:
+            return f"blank record of {size} bytes does not end its file"
+        if file_end > hard_end:
+            return f"blank record past the written end {hard_end}"
+        return None
+    if magic != MESSAGE_MAGIC:
+        return f"bad magic 0x{magic:08x}"
+    if size < HEADER_SIZE:  # a zero size would never advance
+        return f"size {size} is below the {HEADER_SIZE}-byte header"
+    return f"size {size} runs past the file or the written end {hard_end}"

@@ -43,6 +43,7 @@ from commitlog.commitlog import BatchAppendResult, CommitLog
 from commitlog.durable import makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
+    DispatchFailedError,
     FlushFailedError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -484,13 +485,13 @@ class MessageStore(CommitLogEngine):
             DiskFullError: no room, or writes rejected above the disk watermark.
             FlushTimeoutError: sync flush mode and the bytes were not durable in time.
         """
-        if self._closed or self.read_only:
+        dispatcher = self._dispatcher
+        if self._closed or self.read_only or (dispatcher is not None and dispatcher.failure):
             self._check_writable()
         result = self.commitlog.append(
             topic, queue_id, body, keys=keys, tag=tag, properties=properties,
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
-        dispatcher = self._dispatcher
         if dispatcher is not None and result[0] - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
             dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
         return result
@@ -595,6 +596,8 @@ class MessageStore(CommitLogEngine):
             raise StoreClosedError("the store is closed")
         if self.read_only:
             raise ReadOnlyStoreError("the store is open read-only")
+        if self._dispatcher is not None:
+            self._dispatcher.check_failed()  # appends nobody could read: refuse them
 
     # ------------------------------------------------------------------ read
 
@@ -617,6 +620,8 @@ class MessageStore(CommitLogEngine):
         if dispatcher is not None and dispatcher.position < dispatcher.readable_end():
             try:
                 dispatcher.dispatch_available()
+            except DispatchFailedError:
+                raise  # dispatch stopped for good: the read would be silently stale
             except StoreError as error:
                 log.warning("dispatch before a read failed (retried later): %s", error)
 
@@ -842,6 +847,7 @@ class MessageStore(CommitLogEngine):
             "open_ms": self.open_ms,
             "sync_failure": _describe(self.commitlog.failure),
             "derived_sync_failure": _describe(self.derived_sync_failure),
+            "dispatch_failure": _describe(dispatcher.failure if dispatcher else None),
         }
 
 
