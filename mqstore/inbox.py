@@ -18,15 +18,31 @@ Ledger (written with ``write_json_atomically``)::
     {"format": "mqstore-inbox-ledger", "version": 1,
      "body": {"done": {"<name>": {"checksum": <spool checksum>, "rows": n,
                                   "ingested_ms": t}},
-              "partial": {"<name>": {"checksum": c, "blocks_done": k}}},
+              "partial": {"<name>": {"checksum": c, "blocks_done": k,
+                                     "unsynced_blocks_done": m,   (optional)
+                                     "unsynced_log_end": p}}},    (optional)
      "checksum": "<xxh3_64 hex of the canonical JSON of 'body'>"}
 
 Ingesting one file: validate all of it (``read_spool``) and check that every topic
 and partition exists; append its blocks in order (one ``put_batch_buffers`` each, or
 ``append_records`` for a block with keys or headers); make the
 CommitLog durable up to there; record the name as done in the ledger; delete the
-file. A name already in the ledger is deleted without appending: a retried Spark
-task rewrites the same name, so its rows go in once.
+file (unless a newer attempt was renamed over it meanwhile: that file is another
+inode, ingested at the next tick).
+
+Retries: a retried Spark task rewrites the same name. A file whose name the ledger
+holds as done is read and validated like any other; if its checksum is the one the
+ledger recorded, its rows went in already and it is deleted (``skipped``). If the
+checksum differs, the retry produced other rows (a task over non-deterministic
+input: an unordered shuffle, a source read twice) and the file is appended in full
+(``rewritten``), its checksum replacing the old one in the ledger. Appending, not
+quarantining: delivery is at-least-once, so the rows Spark counts as the task's
+output must go in. The first attempt's rows stay in the log too, exactly as when a
+task that appended directly is retried. Quarantining would fail the waiting task,
+Spark would retry it, the retry would differ again, and the job would die after
+``spark.task.maxFailures`` over input Spark allows to differ. A file that no longer
+decodes goes to quarantine whether or not its name is done; nothing is deleted
+unread.
 
 Visibility: spooled rows are readable once ingested, i.e. within one
 ``inbox_interval_ms`` (plus the ingest time) of the spool file's rename while a
@@ -39,6 +55,23 @@ and its ledger entry leaves the file in the inbox, not counted as done: the next
 writer appends it again from its last recorded progress, so that file's rows may
 appear twice (at-least-once). A failed append (a full disk...) records progress
 (``partial``) and the file is retried from the next block at the next tick.
+
+What is durable when: an appended block is durable once the sync after it returns;
+the ledger never counts a block before that (a ledger ahead of the CommitLog would
+lose the block at a power cut). When that sync fails (``DiskFullError``, any
+``OSError`` or ``StoreError``), the blocks are in the log but not known durable:
+
+- this process remembers how far the file got; the next tick syncs first and, once
+  that succeeds, records the progress and resumes after those blocks. It appends
+  nothing while the sync still fails (the CommitLog refuses appends after a failed
+  sync anyway: it is poisoned until reopened);
+- the ledger gets ``unsynced_blocks_done`` and ``unsynced_log_end``, the CommitLog's
+  write position after those blocks (an upper bound on their end). The next writer,
+  when it opens, compares that with the position recovery left: the log is a prefix,
+  so if it reaches ``unsynced_log_end`` the blocks survived and count as done;
+  otherwise (a power cut cut them, or may have) they are appended again
+  (at-least-once). This is decided at open, before anything else is appended, and
+  written back at once so a later writer never compares against a longer log.
 
 Bad files are never dropped silently: a file that does not decode
 (``CorruptSpoolError``) or that the store refuses (``SpoolRejectedError``: an
@@ -116,6 +149,8 @@ class Target(Protocol):
 
     def describe_topic(self, name: str) -> TopicConfig: ...
 
+    def stats(self) -> dict[str, Any]: ...  # "write_position": the CommitLog's end
+
     def put_batch_buffers(
         self,
         topic: str,
@@ -145,7 +180,8 @@ class Quarantined:
 class IngestReport:
     files: int = 0  # files appended (in full, or their remaining blocks)
     rows: int = 0  # rows appended by this call
-    skipped: int = 0  # files whose name the ledger already holds (deleted unread)
+    skipped: int = 0  # files the ledger holds with the same checksum (deleted, not appended)
+    rewritten: int = 0  # of ``files``: a done name with other rows (a retry), appended
     quarantined: tuple[Quarantined, ...] = ()
     pending: int = 0  # files left for the next call
 
@@ -182,7 +218,16 @@ class Inbox:
         self._guard = threading.Lock()  # the scheduler and an explicit call may race
         os.makedirs(os.path.join(directory, QUARANTINE_DIR), exist_ok=True)
         self._ledger_path = os.path.join(directory, LEDGER_NAME)
-        self._ledger: _Ledger | None = None  # loaded by the first ingest
+        self._ledger: _Ledger | None = None
+        # Files of this process whose sync failed: name -> (checksum, blocks appended).
+        self._unsynced: dict[str, tuple[int, int]] = {}
+        # Where recovery left the CommitLog, read before this writer appends anything.
+        self._log_end_at_open = self._log_end()
+        try:  # settle an earlier writer's unsynced blocks now, against that position;
+            # the first ingest loads the ledger again (and raises if it is corrupt)
+            _Ledger(self._ledger_path).settle_unsynced(self._log_end_at_open, set())
+        except (StoreError, OSError) as error:  # the store opens; ingest retries it
+            log.error("inbox: ledger not loaded at open: %s", error)
 
     def ingest(self, files_max: int = FILES_PER_INGEST_MAX) -> IngestReport:
         """Append the waiting spool files (at most ``files_max``), oldest name first.
@@ -192,14 +237,16 @@ class Inbox:
 
         Raises:
             StoreError: an append failed for a reason that may pass (a full disk):
-                progress is recorded and the file is retried at the next call.
+                progress is recorded and the file is retried at the next call. Or
+                the sync after the appends failed (``DiskFullError``, or
+                ``FlushFailedError`` from the store): those blocks are remembered
+                and never appended again (module docstring, "What is durable when").
             CorruptDataError: the ledger does not verify; nothing is ingested until
                 it is repaired (the store itself keeps working).
         """
         assert files_max > 0
         with self._guard:
-            if self._ledger is None:
-                self._ledger = _Ledger(self._ledger_path)
+            self._load_ledger()
             self._remove_stale_tmp()
             names = pending_spools(self.directory)
             report = _Tally()
@@ -211,6 +258,7 @@ class Inbox:
                 files=report.files,
                 rows=report.rows,
                 skipped=report.skipped,
+                rewritten=report.rewritten,
                 quarantined=tuple(report.quarantined),
                 pending=max(0, len(names) - files_max),
             )
@@ -219,46 +267,99 @@ class Inbox:
         """Names of the spool files in quarantine."""
         return pending_spools(os.path.join(self.directory, QUARANTINE_DIR))
 
+    def _load_ledger(self) -> _Ledger:
+        if self._ledger is None:
+            self._ledger = _Ledger(self._ledger_path)
+        self._ledger.settle_unsynced(self._log_end_at_open, set(self._unsynced))
+        return self._ledger
+
+    def _log_end(self) -> int:
+        position = int(self._target.stats()["write_position"])
+        assert position >= 0
+        return position
+
     def _ingest_one(self, name: str, report: _Tally) -> None:
         ledger = self._ledger
         assert ledger is not None
         path = os.path.join(self.directory, name)
-        if ledger.is_done(name):
-            self._delete(path)  # appended before: a crash before delete, or a task retry
-            report.skipped += 1
-            return
         try:
             spool = read_spool(path)
         except FileNotFoundError:
             return
-        except CorruptSpoolError as error:
+        except CorruptSpoolError as error:  # a done name too: never deleted unread
             report.quarantined.append(self._quarantine(name, error, 0))
             return
         with spool:
+            done_checksum = ledger.done_checksum(name)
+            if done_checksum == spool.checksum:  # a crash before delete, or a same-rows retry
+                self._delete_read(spool)
+                report.skipped += 1
+                return
             try:
                 self._check_destinations(spool)
             except SpoolRejectedError as error:
                 report.quarantined.append(self._quarantine(name, error, 0))
                 return
-            first = ledger.blocks_done(name, spool.checksum)
-            done, rows, failure = self._append_blocks(spool, first)
-            self._sync()  # appended rows are durable before the ledger says so
-            if failure is not None:
-                ledger.mark_partial(name, spool.checksum, done)
-                if isinstance(failure, StoreClosedError):  # the store is closing: resume
-                    log.info("inbox: %s stopped after %d blocks by close", name, done)
-                    report.rows += rows
-                    report.closing = True
-                    return
-                if not isinstance(failure, SpoolRejectedError | CorruptSpoolError):
-                    raise failure  # may pass (disk full): retried from block ``done``
-                report.quarantined.append(self._quarantine(name, failure, done))
-                report.rows += rows
+            if not self._append_file(name, spool, report):
                 return
-            ledger.mark_done(name, spool.checksum, spool.rows, self._clock_ms())
-        self._delete(path)
+            if done_checksum is not None:
+                log.warning("inbox: %s was appended before with other rows; appended again", name)
+                report.rewritten += 1
+        self._delete_read(spool)
         report.files += 1
+
+    def _append_file(self, name: str, spool: Spool, report: _Tally) -> bool:
+        """Append ``spool`` from its durable progress; True when all of it is in and
+        the ledger says so (False: quarantined, or the store is closing)."""
+        ledger = self._ledger
+        assert ledger is not None
+        first = self._resume_at(name, spool.checksum)
+        done, rows, failure = self._append_blocks(spool, first)
+        assert first <= done <= spool.block_count
+        self._make_durable(name, spool.checksum, first, done)
         report.rows += rows
+        if failure is None:
+            ledger.mark_done(name, spool.checksum, spool.rows, self._clock_ms())
+            return True
+        ledger.mark_partial(name, spool.checksum, done)
+        if isinstance(failure, StoreClosedError):  # the store is closing: resume later
+            log.info("inbox: %s stopped after %d blocks by close", name, done)
+            report.closing = True
+            return False
+        if not isinstance(failure, SpoolRejectedError | CorruptSpoolError):
+            raise failure  # may pass (disk full): retried from block ``done``
+        report.quarantined.append(self._quarantine(name, failure, done))
+        return False
+
+    def _resume_at(self, name: str, checksum: int) -> int:
+        """The first block of ``name`` to append. Blocks whose sync failed in this
+        process are synced first (raising again if that still fails), then counted."""
+        ledger = self._ledger
+        assert ledger is not None
+        unsynced = self._unsynced.get(name)
+        if unsynced is None or unsynced[0] != checksum:  # none, or a rewritten file
+            self._unsynced.pop(name, None)
+            return ledger.blocks_done(name, checksum)
+        self._sync()  # raises again while it still fails: nothing is appended
+        ledger.mark_partial(name, checksum, unsynced[1])  # forgotten only once recorded
+        del self._unsynced[name]
+        return unsynced[1]
+
+    def _make_durable(self, name: str, checksum: int, durable: int, appended: int) -> None:
+        """Sync the blocks appended since ``durable``; if the sync fails, remember
+        them (here and in the ledger) so that no tick appends them again."""
+        try:
+            self._sync()  # appended rows are durable before the ledger says so
+        except (StoreError, OSError):
+            if appended > durable:
+                self._unsynced[name] = (checksum, appended)
+                ledger = self._ledger
+                assert ledger is not None
+                try:
+                    ledger.mark_unsynced(name, checksum, durable, appended, self._log_end())
+                except (StoreError, OSError) as error:  # a reopen appends them again
+                    log.error("inbox: %s: unsynced progress not recorded: %s", name, error)
+            raise
 
     def _check_destinations(self, spool: Spool) -> None:
         for topic, partition in sorted(spool.destinations()):
@@ -341,6 +442,14 @@ class Inbox:
             self._ledger.forget(name)
         return Quarantined(name, error, blocks_done)
 
+    def _delete_read(self, spool: Spool) -> None:
+        """Delete the file ``spool`` was read from, not a newer attempt renamed over
+        its name since (that one is ingested at the next tick)."""
+        if spool.is_at(spool.path):
+            self._delete(spool.path)
+        else:
+            log.info("inbox: %s was rewritten while ingested; kept", spool.path)
+
     def _delete(self, path: str) -> None:
         try:
             os.unlink(path)
@@ -366,6 +475,7 @@ class _Tally:
     files: int = 0
     rows: int = 0
     skipped: int = 0
+    rewritten: int = 0
     quarantined: list[Quarantined] = attrs.Factory(list)
     closing: bool = False  # the store closed under us: stop, resume at the next open
 
@@ -384,8 +494,10 @@ class _Ledger:
             return
         self._done, self._partial = _parse_ledger(path, raw)
 
-    def is_done(self, name: str) -> bool:
-        return name in self._done
+    def done_checksum(self, name: str) -> int | None:
+        """The checksum ``name`` had when it was appended; None if it is not done."""
+        entry = self._done.get(name)
+        return None if entry is None else entry["checksum"]
 
     def blocks_done(self, name: str, checksum: int) -> int:
         """Where to resume ``name``: its recorded progress if the file is the same."""
@@ -398,8 +510,38 @@ class _Ledger:
         self._partial[name] = {"checksum": checksum, "blocks_done": blocks_done}
         self._write()
 
+    def mark_unsynced(
+        self, name: str, checksum: int, blocks_done: int, appended: int, log_end: int
+    ) -> None:
+        """Blocks [blocks_done, appended) are in the log, not known durable; they
+        lie before ``log_end``."""
+        assert blocks_done < appended
+        self._partial[name] = {
+            "checksum": checksum,
+            "blocks_done": blocks_done,
+            "unsynced_blocks_done": appended,
+            "unsynced_log_end": log_end,
+        }
+        self._write()
+
+    def settle_unsynced(self, log_end_at_open: int, own: set[str]) -> None:
+        """Count an earlier writer's unsynced blocks as done when the recovered log
+        reaches past them (it is a prefix), else drop them (appended again). Names
+        in ``own`` are this process's: their blocks are in memory, not settled here."""
+        changed = False
+        for name, entry in self._partial.items():
+            if name in own or "unsynced_log_end" not in entry:
+                continue
+            if entry["unsynced_log_end"] <= log_end_at_open:
+                entry["blocks_done"] = entry["unsynced_blocks_done"]
+            del entry["unsynced_blocks_done"], entry["unsynced_log_end"]
+            changed = True
+        if changed:
+            self._write()
+
     def mark_done(self, name: str, checksum: int, rows: int, now_ms: int) -> None:
         self._partial.pop(name, None)
+        self._done.pop(name, None)  # a rewritten name moves to the newest end
         self._done[name] = {"checksum": checksum, "rows": rows, "ingested_ms": now_ms}
         while len(self._done) > LEDGER_DONE_MAX:  # dicts keep insertion order: oldest first
             del self._done[next(iter(self._done))]

@@ -338,9 +338,19 @@ def fsync_directory(path: str) -> None:
 class Spool:
     """A validated spool file, opened by ``read_spool``. Close it (or use ``with``)."""
 
-    def __init__(self, path: str, mapping: mmap.mmap, checksum: int, blocks: list[_BlockAt]):
+    def __init__(
+        self,
+        path: str,
+        mapping: mmap.mmap,
+        checksum: int,
+        blocks: list[_BlockAt],
+        identity: tuple[int, int] = (0, 0),
+    ):
         self.path = path
         self.checksum = checksum
+        # (st_dev, st_ino) of the file read: a rename over ``path`` (a retried task
+        # rewriting its name) makes another file, which ``is_at`` tells apart.
+        self.identity = identity
         self.rows = sum(block.rows for block in blocks)
         self._mapping = mapping
         self._blocks = blocks
@@ -353,6 +363,14 @@ class Spool:
 
     def close(self) -> None:
         self._mapping.close()
+
+    def is_at(self, path: str) -> bool:
+        """Whether ``path`` still names the file this spool was read from."""
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            return False
+        return (status.st_dev, status.st_ino) == self.identity
 
     @property
     def block_count(self) -> int:
@@ -452,7 +470,8 @@ def read_spool(path: str) -> Spool:
         FileNotFoundError: the file is gone (another writer took it).
     """
     with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
+        status = os.fstat(handle.fileno())
+        size, identity = status.st_size, (status.st_dev, status.st_ino)
         if size < FILE_HEADER.size:
             raise CorruptSpoolError(path, 0, f"{size} bytes is shorter than the header")
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
@@ -476,7 +495,7 @@ def read_spool(path: str) -> Spool:
     except BaseException:
         mapping.close()
         raise
-    return Spool(path, mapping, checksum, blocks)
+    return Spool(path, mapping, checksum, blocks, identity)
 
 
 def _walk_blocks(path: str, mapping: mmap.mmap, block_count: int) -> list[_BlockAt]:

@@ -714,7 +714,7 @@ class MessageStore(CommitLogEngine):
         try:
             return self.commitlog.file_for(physical)
         except OffsetOutOfRangeError:
-            if physical < self.commitlog.min_position:
+            if 0 <= physical < self.commitlog.min_position:  # < 0: never a log offset
                 raise
             raise CorruptDataError(
                 queue.directory,

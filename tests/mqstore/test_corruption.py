@@ -12,8 +12,11 @@ must either
 
 Outcomes per case: ``unaffected`` (all data reads back), ``recovered`` (opened,
 some data unreadable or truncated, nothing wrong returned), ``refused`` (open raised
-CorruptDataError). Anything else (a wrong message, an untyped exception) fails.
-The counts are printed by the last test (``pytest -s``).
+CorruptDataError). Anything else fails its case: ``misreported`` (a read raised
+OffsetOutOfRangeError for damaged data, or a CorruptDataError naming no file of the
+store and position), ``wrong_answer`` (offset_for_time answered
+wrongly), a wrong message, an untyped exception. The counts are printed by the last
+test (``pytest -s``), which also fails unless misreported and wrong_answer are 0.
 """
 
 from __future__ import annotations
@@ -43,9 +46,13 @@ QUEUES = 2
 MESSAGES = 600  # 300 per queue: two CommitLog files, several ConsumeQueue files
 KAFKA_RECORDS = 40
 BORN_BASE_MS = 1_000_000
-SEEDS = range(12)
+# 12 seeds in the unit suite (about 4 s); a wider hunt, e.g. 112 seeds (about 30 s):
+# MQSTORE_CORRUPTION_SEEDS=112 pytest -s tests/mqstore/test_corruption.py
+SEEDS = range(int(os.environ.get("MQSTORE_CORRUPTION_SEEDS", "12")))
 KINDS = ("commitlog", "consumequeue", "cq_time", "index", "checkpoint", "topics", "offsets")
 DAMAGES = ("flip", "truncate", "zero")
+KEY_PROBE_STEP = 7  # query_by_key for every 7th message: 86 look-ups per case
+TIME_PROBES = tuple(range(0, 300, 13))  # offset_for_time: 0, 13, ..., 299 per queue
 OUTCOME_NAMES = ("unaffected", "recovered", "refused", "misreported", "wrong_answer")
 OUTCOMES: collections.Counter[tuple[str, str]] = collections.Counter()
 
@@ -117,11 +124,11 @@ def _check_contents(store: MessageStore) -> int:
         kafka = [b"kafka-%d" % i for i in range(queue, KAFKA_RECORDS, QUEUES)]
         lost += _check_queue(store, "k", queue, kafka)
         lost += _check_times(store, queue)
-    for i in range(0, MESSAGES, 37):
+    for i in range(0, MESSAGES, KEY_PROBE_STEP):
         try:
             hits = store.query_by_key("t", f"key{i}", 0, 2**62, 4)
-        except CorruptDataError:
-            lost += 1
+        except CorruptDataError as error:
+            lost += _unreadable(store, error)
             continue
         assert all(bytes(m.body) == _body(i) for m in hits), f"key{i} returned a wrong message"
         lost += not hits
@@ -137,8 +144,8 @@ def _check_queue(store: MessageStore, topic: str, queue: int, expected: list[byt
     while offset < high:
         try:
             messages = store.get(topic, queue, offset, 100)
-        except CorruptDataError:
-            lost += 1
+        except CorruptDataError as error:
+            lost += _unreadable(store, error)
             offset += 1
             continue
         assert messages, f"{topic}/{queue}: nothing at {offset} below {high}"
@@ -153,16 +160,31 @@ class WrongAnswerError(AssertionError):
     """offset_for_time answered wrongly without raising CorruptDataError."""
 
 
+class MisreportedError(AssertionError):
+    """A read refused damaged data without naming a file of the store and a position."""
+
+
+def _unreadable(store: MessageStore, error: CorruptDataError) -> int:
+    """Count one read refused with ``error``, which must say where the damage is."""
+    root = os.path.abspath(store.root)
+    path = os.path.abspath(error.path)
+    if os.path.commonpath([path, root]) != root:
+        raise MisreportedError(f"{error}: {path} is not a file of the store {root}")
+    if not isinstance(error.position, int) or error.position < 0:
+        raise MisreportedError(f"{error}: position {error.position!r}")
+    return 1
+
+
 def _check_times(store: MessageStore, queue: int) -> int:
     """offset_for_time must return the first offset born at or after the time, or
     raise CorruptDataError; returns 1 when the answer is unreadable."""
     low, high = store.min_offset("t", queue), store.max_offset("t", queue)
-    for offset in (0, 7, 150, 299):
+    for offset in TIME_PROBES:
         born_ms = BORN_BASE_MS + offset * QUEUES + queue
         try:
             found = store.offset_for_time("t", queue, born_ms)
-        except CorruptDataError:
-            return 1
+        except CorruptDataError as error:
+            return _unreadable(store, error)
         if offset >= high:  # truncated away: None, or nothing before the end
             if found is not None:
                 raise WrongAnswerError(f"t/{queue}: {found} for a time past the end {high}")
@@ -181,7 +203,7 @@ def _check_committed(store: MessageStore) -> int:
                 committed = consumer.committed(TopicPartition("k", queue))
             except CorruptDataError as error:
                 assert "offsets" in error.path
-                return 1
+                return _unreadable(store, error)
             assert committed == KAFKA_RECORDS // QUEUES, committed
     finally:
         consumer.close(autocommit=False)
@@ -210,17 +232,17 @@ def test_damaged_file_is_recovered_or_refused(reference, tmp_path, caplog, kind,
     with store:
         try:
             lost = _check_contents(store) + _check_committed(store)
-        except OffsetOutOfRangeError:
-            # A damaged unit pointing past the CommitLog is reported as an offset out
-            # of range, not as corruption: counted here, and failed by
-            # test_unit_pointing_past_the_commitlog_is_corrupt_data below.
+        except OffsetOutOfRangeError as error:
+            # A damaged unit pointing past the CommitLog must be corruption, not
+            # "retention moved the log start" (a consumer would skip the partition).
             OUTCOMES[(kind, "misreported")] += 1
-            return
-        except WrongAnswerError:
-            # offset_for_time trusts the .time companion, which has no checksum:
-            # counted here, failed by test_zeroed_time_file_gives_no_wrong_answer.
+            pytest.fail(f"{what}: misreported as OffsetOutOfRangeError: {error}")
+        except MisreportedError as error:
+            OUTCOMES[(kind, "misreported")] += 1
+            pytest.fail(f"{what}: misreported: {error}")
+        except WrongAnswerError as error:
             OUTCOMES[(kind, "wrong_answer")] += 1
-            return
+            pytest.fail(f"{what}: wrong answer: {error}")
     OUTCOMES[(kind, "recovered" if lost else "unaffected")] += 1
 
 
@@ -253,6 +275,24 @@ def test_unit_pointing_past_the_commitlog_is_corrupt_data(tmp_path):
         assert consumer.position(TopicPartition("k", 0)) == 3  # not skipped to the end
 
 
+def test_unit_with_a_negative_commitlog_offset_is_corrupt_data(tmp_path):
+    """A unit whose CommitLog offset turned negative (its sign bit flipped) is
+    corruption: retention never moves the log start below 0. Found by the matrix's
+    wider run (seed 74, consumequeue flip), where get raised OffsetOutOfRangeError."""
+    path = tmp_path / "s"
+    with MessageStore.open(path, CONFIG) as store:
+        for i in range(10):
+            store.put("t", 0, b"%d" % i)
+    unit_file = path / "consumequeue" / "t" / "0" / ("0" * 20)
+    data = bytearray(unit_file.read_bytes())
+    data[3 * 20 + 7] ^= 0x80  # the sign bit of unit 3's commitlog_offset (i64, LE)
+    unit_file.write_bytes(bytes(data))
+    with MessageStore.open(path, CONFIG) as store:
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 3)] == [b"0", b"1", b"2"]
+        with pytest.raises(CorruptDataError):
+            store.get("t", 0, 3, 1)
+
+
 def test_zz_outcome_counts():
     """Print the matrix; each kind must have been damaged somewhere it matters."""
     cases = len(KINDS) * len(DAMAGES) * len(SEEDS)
@@ -265,6 +305,8 @@ def test_zz_outcome_counts():
     for (_, outcome), count in OUTCOMES.items():
         totals[outcome] += count
     print(f"{'total':>13}: {dict(totals)} of {cases} cases")
+    assert totals["misreported"] == 0, "a damaged file was misreported"
+    assert totals["wrong_answer"] == 0, "a damaged file gave a wrong answer"
     for kind in ("commitlog", "consumequeue", "topics", "offsets"):
         assert OUTCOMES[(kind, "unaffected")] < len(DAMAGES) * len(SEEDS), kind
 

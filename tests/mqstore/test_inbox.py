@@ -4,6 +4,7 @@ writer process ingesting what another process spools while it holds the lock."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 from mqstore import (
     CorruptDataError,
     DiskFullError,
+    FlushFailedError,
     MessageStore,
     StoreClosedError,
     StoreConfig,
@@ -171,6 +173,9 @@ class _FailingStore:
 
     def describe_topic(self, name):
         return self.store.describe_topic(name)
+
+    def stats(self):
+        return self.store.stats()
 
     def append_records(self, topic, partition, records):
         return self.store.append_records(topic, partition, records)
@@ -343,3 +348,163 @@ def test_a_live_writer_process_ingests_what_another_process_spools(tmp_path):
     finally:
         service.kill()
         service.wait(10)
+
+
+def test_a_retry_with_different_rows_is_appended_not_deleted_unread(tmp_path):
+    """A retried Spark task over non-deterministic input rewrites its name with other
+    rows: at-least-once means they go in (the first attempt's rows stay too)."""
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        assert store.inbox is not None
+        _spool(root, "task-0", [("out", 0, [b"first-a", b"first-b"], {})])
+        assert store.inbox.ingest().files == 1
+        _spool(root, "task-0", [("out", 0, [b"retry-a", b"retry-b", b"retry-c"], {})])
+        report = store.inbox.ingest()
+        assert _values(store, "out") == [b"first-a", b"first-b", b"retry-a", b"retry-b", b"retry-c"]
+        assert (report.files, report.rows, report.skipped, report.rewritten) == (1, 3, 0, 1)
+        _spool(root, "task-0", [("out", 0, [b"retry-a", b"retry-b", b"retry-c"], {})])
+        report = store.inbox.ingest()  # the same rows again: the ledger appends them once
+        assert (report.files, report.rows, report.skipped, report.rewritten) == (0, 0, 1, 0)
+        assert len(_values(store, "out")) == 5
+        assert _inbox_names(root) == [LEDGER_NAME]
+
+
+def test_a_corrupt_retry_of_a_done_name_is_quarantined_not_deleted(tmp_path):
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        assert store.inbox is not None
+        _spool(root, "task-0", [("out", 0, [b"payload"] * 3, {})])
+        store.inbox.ingest()
+        _spool(root, "task-0", [("out", 0, [b"payload"] * 3, {})])
+        path = Path(root, INBOX_DIR, "task-0" + SPOOL_SUFFIX)
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0x01
+        path.write_bytes(bytes(raw))
+        (quarantined,) = store.inbox.ingest().quarantined
+        assert isinstance(quarantined.error, CorruptSpoolError)
+        assert Path(root, INBOX_DIR, QUARANTINE_DIR, "task-0.spool").read_bytes() == bytes(raw)
+
+
+class _Fdatasync:
+    """os.fdatasync failing with ENOSPC while ``full`` is set: the CommitLog's sync
+    (MappedFile.flush) then raises DiskFullError, as on a full disk."""
+
+    def __init__(self, real):
+        self.real = real
+        self.full = False
+        self.refused = 0
+
+    def __call__(self, fd):
+        if self.full:
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.real(fd)
+
+
+def test_a_failed_sync_after_the_appends_does_not_append_them_again_next_tick(tmp_path):
+    from mqstore.inbox import Inbox
+
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        _spool(
+            root, "t", [("out", 0, [b"b%d-%d" % (b, i) for i in range(3)], {}) for b in range(3)]
+        )
+        syncs = []
+
+        def sync():  # the disk is full at the first two syncs, has room at the third
+            syncs.append(1)
+            if len(syncs) <= 2:
+                raise DiskFullError(errno.ENOSPC, "flush of the commitlog: disk full")
+
+        expected = [b"b%d-%d" % (b, i) for b in range(3) for i in range(3)]
+        inbox = Inbox(os.path.join(root, INBOX_DIR), store, sync=sync)
+        for _ in range(2):  # the next tick while the disk is still full appends nothing
+            with pytest.raises(DiskFullError):
+                inbox.ingest()
+            assert "t.spool" in _inbox_names(root)
+            assert _values(store, "out") == expected
+        report = inbox.ingest()
+        assert (report.files, report.rows) == (1, 0)
+        assert _values(store, "out") == expected  # no block appended twice
+        assert _inbox_names(root) == [LEDGER_NAME]
+
+
+@pytest.mark.parametrize("power_cut", [False, True])
+def test_a_disk_full_commitlog_sync_does_not_append_the_blocks_again_after_reopen(
+    tmp_path, monkeypatch, power_cut
+):
+    """The store's real path: ENOSPC from fdatasync in the CommitLog's flush poisons
+    the log (FlushFailedError). The next writer recovers it and must not append again
+    the blocks recovery kept; blocks a power cut took are appended again, not lost."""
+    root = str(tmp_path / "s")
+    disk = _Fdatasync(os.fdatasync)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    config = StoreConfig(**QUIET)
+    with MessageStore.open(root, config) as store:
+        store.create_topic("out", 1)
+    blocks = [("out", 0, [b"b%d-%d" % (b, i) for i in range(3)], {}) for b in range(3)]
+    _spool(root, "t", blocks)
+    store = MessageStore.open(root, config)
+    assert store.inbox is not None
+    synced_end = store.stats()["write_position"]
+    disk.full = True
+    try:
+        with pytest.raises(FlushFailedError) as caught:
+            store.inbox.ingest()
+        assert isinstance(caught.value.__cause__, DiskFullError)
+        with pytest.raises(FlushFailedError):
+            store.inbox.ingest()  # the next tick: the log refuses appends until reopened
+    finally:
+        disk.full = False
+        with pytest.raises(FlushFailedError):
+            store.close()
+    assert disk.refused >= 1
+    assert "t.spool" in _inbox_names(root)
+    if power_cut:  # the unsynced bytes never reached the disk
+        files = sorted(Path(root, "commitlog").iterdir())
+        log_file = max(f for f in files if int(f.name) <= synced_end)  # named by start
+        raw = bytearray(log_file.read_bytes())
+        cut = synced_end - int(log_file.name)
+        raw[cut:] = bytes(len(raw) - cut)
+        log_file.write_bytes(bytes(raw))
+    with MessageStore.open(root, config) as store:
+        assert store.recovered_from_crash
+        assert store.inbox is not None
+        store.inbox.ingest()
+        expected = [b"b%d-%d" % (b, i) for b in range(3) for i in range(3)]
+        assert _values(store, "out") == expected  # once each: none twice, none lost
+        assert _inbox_names(root) == [LEDGER_NAME]
+
+
+class _RewritingStore(_FailingStore):
+    """The real store; a retried task renames a new attempt over the file being
+    ingested while its first block goes in."""
+
+    def __init__(self, store, root):
+        super().__init__(store, fail_at=0, error=None)
+        self.root = root
+
+    def put_batch_buffers(self, topic, queue_id, offsets, data, **kwargs):
+        if self.calls == 0:
+            _spool(self.root, "t", [("out", 0, [b"retry"], {})])
+        return super().put_batch_buffers(topic, queue_id, offsets, data, **kwargs)
+
+
+def test_a_retry_renamed_over_a_file_being_ingested_is_kept_and_appended(tmp_path):
+    from mqstore.inbox import Inbox
+
+    root = str(tmp_path / "s")
+    with MessageStore.open(root, StoreConfig(**QUIET)) as store:
+        store.create_topic("out", 1)
+        _spool(root, "t", [("out", 0, [b"first"], {})])
+        inbox = Inbox(
+            os.path.join(root, INBOX_DIR), _RewritingStore(store, root), sync=lambda: None
+        )
+        assert inbox.ingest().files == 1
+        assert "t.spool" in _inbox_names(root)  # the retry's file, not deleted unread
+        assert inbox.ingest().rewritten == 1
+        assert _values(store, "out") == [b"first", b"retry"]
+        assert _inbox_names(root) == [LEDGER_NAME]

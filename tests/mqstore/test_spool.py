@@ -237,3 +237,15 @@ def test_a_block_decodes_to_the_columns_put_batch_buffers_takes(tmp_path):
     with read_spool(str(path)) as spool:
         (block,) = spool.blocks()
     assert (block.value_nulls, block.stamps_ms) == (None, None)  # nothing to carry
+
+
+def test_a_spool_knows_when_a_retry_was_renamed_over_its_name(tmp_path):
+    path = tmp_path / f"a{SPOOL_SUFFIX}"
+    _write(path, [("t", 0, [b"first"], {})])
+    with read_spool(str(path)) as spool:
+        assert spool.is_at(str(path))
+        _write(path, [("t", 0, [b"retry"], {})])  # another attempt: rename over the name
+        assert not spool.is_at(str(path))
+        assert [bytes(v) for v in next(spool.blocks()).values] == [b"first"]  # still ours
+    os.unlink(path)
+    assert not spool.is_at(str(path))
