@@ -903,7 +903,12 @@ class CommitLog:
             raise OffsetOutOfRangeError(
                 f"[{position}, {end}) is past the end of the log or crosses a file boundary"
             )
-        return memoryview(mapped.mapping)[in_file : in_file + size]
+        try:
+            return memoryview(mapped.mapping)[in_file : in_file + size]
+        except ValueError:
+            if not mapped.mapping.closed:
+                raise
+            raise _file_gone(mapped, position) from None
 
     def record_at(self, position: int) -> Record:
         """Decode and verify the message record at ``position``.
@@ -917,7 +922,12 @@ class CommitLog:
         limit = mapped.size_bytes
         if not self.read_only:
             limit = min(limit, self._write_position - mapped.start_offset)
-        record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
+        try:
+            record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
+        except ValueError:
+            if not mapped.mapping.closed:
+                raise
+            raise _file_gone(mapped, position) from None
         if record is None:
             raise CorruptDataError(mapped.path, in_file, "expected a message, found a blank record")
         return record
@@ -1033,6 +1043,13 @@ class CommitLog:
         """The next queue offset of every queue seen since open (a copy)."""
         with self._lock:
             return dict(self._queue_offsets)
+
+
+def _file_gone(mapped: MappedFile, position: int) -> OffsetOutOfRangeError:
+    """A file unmapped between finding and reading it: retention deleted it."""
+    return OffsetOutOfRangeError(
+        f"physical offset {position} was in {mapped.path}, deleted by retention during the read"
+    )
 
 
 def _check_queue_id(queue_id: object) -> None:

@@ -264,3 +264,23 @@ def test_rolled_and_deleted_files_are_durable_names(open_log, syscalls):
     renamed = [path for kind, path in syscalls.events if kind == "rename"]
     assert renamed  # the rolls created files
     assert syscalls.undurable_names() == []
+
+
+def test_reads_racing_retention_raise_offset_out_of_range(open_log, monkeypatch):
+    """Regression: read() and record_at() on a file that retention unmapped between
+    the look-up and the read raised a bare ``ValueError: mmap closed or invalid``
+    (query_by_key's verification reads through record_at)."""
+    log = open_log()
+    result = log.append("t", 0, b"x")
+    real_find = log._find
+
+    def find_then_retention(position):
+        mapped = real_find(position)
+        mapped.mapping.close()
+        return mapped
+
+    monkeypatch.setattr(log, "_find", find_then_retention)
+    with pytest.raises(OffsetOutOfRangeError, match="retention"):
+        log.record_at(result.physical_offset)
+    with pytest.raises(OffsetOutOfRangeError, match="retention"):
+        log.read(result.physical_offset, result.size)
