@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck unit unit-pure soak pipeline bench bench-full bench-spark clean
+.PHONY: demo test lint typecheck unit unit-pure sanitize sanitize-full fuse-deps powerloss soak pipeline bench bench-full bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +26,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# The power-loss filesystem (bench/powerfs.py) needs FUSE: Debian's fuse3 (fusermount3,
+# libfuse3) and /dev/fuse. CI runs as root and installs it; elsewhere install it by hand.
+fuse-deps:
+	@command -v fusermount3 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends fuse3)
+
 # MQSTORE_REQUIRE_NATIVE: a build that fell back to pure Python fails instead of passing slowly.
-unit: $(STAMP)
-	MQSTORE_REQUIRE_NATIVE=1 $(PY) -m pytest -q
+# MQSTORE_REQUIRE_FUSE: the power-loss tests fail, rather than skip, without FUSE.
+unit: $(STAMP) fuse-deps
+	MQSTORE_REQUIRE_NATIVE=1 MQSTORE_REQUIRE_FUSE=1 $(PY) -m pytest -q
 
 # The pure-Python twins of the C module: what a machine without a C compiler runs.
 PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile \
@@ -37,7 +43,19 @@ PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile 
 unit-pure: $(STAMP)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
 
-test: lint typecheck unit unit-pure
+# The C module under ASan + UBSan in a scratch copy (never the tree's .so): the C-facing
+# tests and a fuzz of every native function; fails on any finding. ~1 min / ~9 min.
+sanitize: $(STAMP)
+	PY=$(abspath $(PY)) scripts/sanitize.sh quick
+
+sanitize-full: $(STAMP)
+	PY=$(abspath $(PY)) scripts/sanitize.sh full
+
+test: lint typecheck unit unit-pure sanitize
+
+# 200 simulated power cuts (bench/powerfs.py), alternating sync and async flush.
+powerloss: $(STAMP) fuse-deps
+	$(PY) -m bench.powerloss --cuts 200 --json bench/results/powerloss.json
 
 # 500 SIGKILL/restart iterations and a 10-minute soak; prints the figures.
 soak: $(STAMP)

@@ -17,7 +17,7 @@ store itself and checks:
   with the right content (crc32 of the value); below the log start only retention
   may have removed it. Both flush modes must lose nothing on a process kill: the
   page cache survives the process. Only a power loss could lose an async store's
-  unflushed tail, and this harness does not simulate that;
+  unflushed tail: bench.powerloss simulates that, with this workload and verifier;
 - no message read back is corrupt: every value carries its own crc32, and every
   message of every queue is read with ``get`` from the log start to the end;
 - ConsumeQueues are dense: offsets min..max-1 each appear exactly once;
@@ -76,8 +76,9 @@ QUERY_SAMPLES = 5  # keys looked up per iteration
 VALUE_HEADER = struct.Struct(">II")
 
 
-def config_for(flush_mode: str) -> StoreConfig:
-    return StoreConfig(
+def config_for(flush_mode: str, overrides: dict[str, Any] | None = None) -> StoreConfig:
+    """The workload's store settings; ``overrides`` replaces some (bench.powerloss)."""
+    settings: dict[str, Any] = dict(
         commitlog_file_size_bytes=FILE_SIZE_BYTES,
         consumequeue_units_per_file=256,
         index_slot_count=256,
@@ -88,6 +89,8 @@ def config_for(flush_mode: str) -> StoreConfig:
         retention_bytes=RETENTION_FILES * FILE_SIZE_BYTES,
         retention_check_interval_ms=200,
     )
+    settings.update(overrides or {})
+    return StoreConfig(**settings)
 
 
 def make_value(rng: random.Random, seq: int) -> bytes:
@@ -105,14 +108,16 @@ def value_is_intact(value: bytes) -> bool:
 # ---------------------------------------------------------------------- child
 
 
-def child_main(path: str, flush_mode: str, seed: int, fd: int) -> None:
+def child_main(
+    path: str, flush_mode: str, seed: int, fd: int, overrides: dict[str, Any] | None = None
+) -> None:
     """The workload. Never returns normally: the parent kills it."""
     rng = random.Random(seed)
 
     def report(line: str) -> None:
         os.write(fd, line.encode() + b"\n")  # unbuffered: nothing waits in user space
 
-    store = MessageStore.open(path, config_for(flush_mode))
+    store = MessageStore.open(path, config_for(flush_mode, overrides))
     if KAFKA_TOPIC not in store.list_topics():
         store.create_topic(KAFKA_TOPIC, partitions=KAFKA_PARTITIONS)
     producer = KafkaProducer(store)
@@ -218,6 +223,12 @@ class Harness:
         self.acked: dict[tuple[str, int], dict[int, int]] = {}
         self.keys: dict[str, tuple[str, int, int]] = {}  # key -> (topic, queue, offset)
         self.committed: dict[tuple[str, int], int] = {}
+        # Hooks for bench.powerloss: store settings, kill delay, when data arrived.
+        self.config_overrides: dict[str, Any] = {}
+        self.kill_delay_s_max = KILL_DELAY_S_MAX
+        self.received: list[tuple[int, float]] = []  # (buffer length, monotonic time)
+        self.kill_time = 0.0
+        self.child_module = "bench.crash_harness"  # its main() takes --child
 
     def _problem(self, text: str) -> None:
         if len(self.figures.problems) < 1_000:
@@ -231,18 +242,20 @@ class Harness:
 
     def _run_child(self, flush_mode: str, child_seed: int) -> None:
         read_fd, write_fd = os.pipe()
-        command = [sys.executable, "-m", "bench.crash_harness", "--child", self.path,
-                   flush_mode, str(child_seed), str(write_fd)]  # fmt: skip
+        command = [sys.executable, "-m", self.child_module, "--child", self.path,
+                   flush_mode, str(child_seed), str(write_fd),
+                   json.dumps(self.config_overrides)]  # fmt: skip
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         with tempfile.TemporaryFile() as stderr:
             child = subprocess.Popen(command, pass_fds=(write_fd,), stderr=stderr, cwd=root)
             os.close(write_fd)
             early = self.rng.randrange(100) < EARLY_KILL_PERCENT
-            delay_s = self.rng.uniform(0, KILL_DELAY_S_MAX if not early else 0.6)
+            delay_s = self.rng.uniform(0, self.kill_delay_s_max if not early else 0.6)
             buffer = bytearray()
             ready = self._pump(read_fd, buffer, child, delay_s, early)
             if not ready:
                 self.figures.kills_before_ready += 1
+            self.kill_time = time.monotonic()
             child.send_signal(signal.SIGKILL)
             child.wait()
             while chunk := os.read(read_fd, 1 << 16):
@@ -267,6 +280,7 @@ class Harness:
         The kill time counts from "ready", or from the start for an early kill."""
         selector = selectors.DefaultSelector()
         selector.register(fd, selectors.EVENT_READ)
+        self.received = []
         deadline = time.monotonic() + (delay_s if early else 30.0)
         ready = False
         while time.monotonic() < deadline and child.poll() is None:
@@ -275,6 +289,7 @@ class Harness:
                 if not chunk:
                     break
                 buffer += chunk
+                self.received.append((len(buffer), time.monotonic()))
                 if not ready and buffer.startswith(b"R\n"):
                     ready = True
                     if not early:
@@ -303,7 +318,7 @@ class Harness:
 
     def verify(self) -> None:
         started = time.perf_counter()
-        store = MessageStore.open(self.path, config_for("sync"))
+        store = MessageStore.open(self.path, config_for("sync", self.config_overrides))
         try:
             ms = (time.perf_counter() - started) * 1000
             self.figures.reopen_ms_max = max(self.figures.reopen_ms_max, ms)
@@ -320,8 +335,7 @@ class Harness:
         figures = self.figures
         low, high = store.min_offset(topic, queue), store.max_offset(topic, queue)
         acked = self.acked.get((topic, queue), {})
-        if acked and high <= max(acked):
-            figures.losses += max(acked) + 1 - high
+        if acked and high <= max(acked):  # each missing offset is counted below
             self._problem(f"{topic}/{queue}: end {high} but offset {max(acked)} was acked")
         seen: dict[int, bytes] = {}
         offset = low
@@ -356,13 +370,22 @@ class Harness:
                 del acked[acked_offset]
                 continue
             figures.acked_checks += 1
-            value = seen.get(acked_offset)
-            if value is None:
-                figures.losses += 1
-                self._problem(f"{topic}/{queue}@{acked_offset}: acked but missing")
-            elif zlib.crc32(value) != acked[acked_offset]:
+            found = seen.get(acked_offset)
+            if found is None:
+                self._on_missing(topic, queue, acked_offset)
+            elif zlib.crc32(found) != acked[acked_offset]:
                 figures.wrong_content += 1
                 self._problem(f"{topic}/{queue}@{acked_offset}: acked content differs")
+
+    def _on_missing(self, topic: str, queue: int, offset: int) -> None:
+        """An acknowledged message is absent: a loss (bench.powerloss may allow some)."""
+        self.figures.losses += 1
+        self._problem(f"{topic}/{queue}@{offset}: acked but missing")
+
+    def _on_commit_past_end(self, tp: TopicPartition, committed: int, end: int) -> None:
+        """A stored commit lies past the partition's end."""
+        self.figures.commit_violations += 1
+        self._problem(f"{tp}: committed {committed} past the end {end}")
 
     def _verify_commits(self, store: MessageStore) -> None:
         consumer = KafkaConsumer(store=store, group_id=GROUP, enable_auto_commit=False)
@@ -377,9 +400,11 @@ class Harness:
                         self.figures.commit_violations += 1
                         self._problem(f"{tp}: commit {reported} reported, none stored")
                     continue
-                if committed > latest or (reported is not None and committed < reported):
+                if reported is not None and committed < reported:
                     self.figures.commit_violations += 1
                     self._problem(f"{tp}: committed {committed}, reported {reported}, end {latest}")
+                elif committed > latest:
+                    self._on_commit_past_end(tp, committed, latest)
         finally:
             consumer.close(autocommit=False)
 
@@ -428,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         path, flush_mode, seed, fd = argv[1:5]
+        overrides = json.loads(argv[5]) if len(argv) > 5 else None
         try:
-            child_main(path, flush_mode, int(seed), int(fd))
+            child_main(path, flush_mode, int(seed), int(fd), overrides)
         except StoreError as error:  # reported to the parent through stderr
             print(f"child: {type(error).__name__}: {error}", file=sys.stderr)
             return 2

@@ -25,7 +25,32 @@
 #define HEADER_SIZE 68
 #define BLANK_SIZE 16
 #define MESSAGE_MAGIC 0x4D515232u
+#define BLANK_MAGIC 0x4D514232u
 #define FLAG_NULL_BODY 0x1u
+#define FLAGS_KNOWN FLAG_NULL_BODY
+#define RECORD_SIZE_MAX 0xFFFFFFFFLL /* total_size is a u32 */
+
+/* Field offsets of the header above. commitlog/native.py compares every one of these
+ * (and the sizes and magics) with commitlog/record.py at import: LAYOUT below. */
+enum {
+    AT_TOTAL_SIZE = 0,
+    AT_MAGIC = 4,
+    AT_CHECKSUM = 8,
+    AT_QUEUE_OFFSET = 16,
+    AT_PHYSICAL_OFFSET = 24,
+    AT_BORN_TS = 32,
+    AT_STORE_TS = 40,
+    AT_QUEUE_ID = 48,
+    AT_FLAGS = 52,
+    AT_BODY_LEN = 56,
+    AT_PROPERTIES_LEN = 60,
+    AT_KEYS_LEN = 64,
+    AT_TOPIC_LEN = 66,
+    AT_TAG_LEN = 67,
+};
+
+/* The ConsumeQueue unit (consumequeue/format.py UNIT) that write_units writes. */
+enum { UNIT_AT_COMMITLOG_OFFSET = 0, UNIT_AT_SIZE = 8, UNIT_AT_TAG_HASH = 12, UNIT_SIZE = 20 };
 
 /* ------------------------------------------------------------------ XXH64 */
 
@@ -139,6 +164,44 @@ static int as_i64(PyObject *obj, int64_t *out) {
     return 0;
 }
 
+/* An integer array argument: C-contiguous, aligned, items of itemsize bytes (so a
+ * caller passing int32 where int64 is meant gets a TypeError, not a misread, and no
+ * load below is misaligned). Returns -1 with an exception set. */
+static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
+                     const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    const char *format = view->format != NULL ? view->format : "B";
+    if (format[0] == '@' || format[0] == '=' || format[0] == '<') format++;
+    int integer = format[0] != '\0' && format[1] == '\0' && strchr("bBhHiIlLqQnN", format[0]);
+    if (!integer || view->itemsize != itemsize || (uintptr_t)view->buf % (uintptr_t)itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous, aligned array of %zd-byte integers",
+                     what, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether [at, at + size) lies inside [0, len), without computing at + size (which
+ * can wrap for values read from disk). */
+static inline int slice_inside(int64_t at, int64_t size, int64_t len) {
+    return at >= 0 && size >= 0 && size <= len && at <= len - size;
+}
+
+/* Whether the sections fit their length fields and add up to total (a ValueError
+ * when not). Each length is a Py_ssize_t of a buffer, so their sum cannot wrap. */
+static int sections_fit(const Py_buffer *topic, const Py_buffer *tag, const Py_buffer *keys,
+                        const Py_buffer *props, const Py_buffer *body, int64_t total) {
+    if (topic->len > 255 || tag->len > 255 || keys->len > 0xFFFF || props->len > 0xFFFFFFFFLL ||
+        body->len > 0xFFFFFFFFLL || total > RECORD_SIZE_MAX ||
+        HEADER_SIZE + topic->len + tag->len + keys->len + props->len + body->len != total) {
+        PyErr_SetString(PyExc_ValueError, "section lengths do not add up to total_size");
+        return 0;
+    }
+    return 1;
+}
+
 /* Write one record at dst (which has room for total bytes); returns nothing: the
  * caller checked every length. */
 static void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int64_t physical,
@@ -181,9 +244,31 @@ typedef struct {
     int64_t *positions;
 } Run;
 
-/* Whether a record of size bytes fits before the file's end (room kept for a blank). */
+/* Check a batch encoder's place (a ValueError when out of range): 0 <= start <= count,
+ * positions has count slots, 0 <= in_file <= file_size <= out_len, and physical and
+ * queue offsets that cannot wrap however many records the rest of the file takes (so
+ * run_put's sums never overflow). */
+static int run_check(const Run *run, Py_ssize_t out_len, Py_ssize_t positions_len,
+                     Py_ssize_t count, int64_t start, int64_t queue_id) {
+    const char *why = NULL;
+    if (start < 0 || start > count || positions_len / 8 < count)
+        why = "start or positions do not match the batch";
+    else if (run->in_file < 0 || run->in_file > run->file_size || run->file_size > out_len)
+        why = "in_file and file_size must satisfy 0 <= in_file <= file_size <= len(buffer)";
+    else if (run->physical < 0 || run->physical > INT64_MAX - (run->file_size - run->in_file))
+        why = "physical offset out of range";
+    else if (run->queue_offset < 0 || run->queue_offset > INT64_MAX - count)
+        why = "queue offset out of range";
+    else if (queue_id < INT32_MIN || queue_id > INT32_MAX)
+        why = "queue_id out of range";
+    if (why != NULL) PyErr_SetString(PyExc_ValueError, why);
+    return why == NULL;
+}
+
+/* Whether a record of size bytes (HEADER_SIZE..RECORD_SIZE_MAX) fits before the file's
+ * end with room kept for a blank; no sum can wrap (in_file <= file_size, checked). */
 static inline int run_fits(const Run *run, int64_t size) {
-    return run->in_file + size + BLANK_SIZE <= run->file_size;
+    return size <= run->file_size - run->in_file - BLANK_SIZE;
 }
 
 /* Write record index (run_fits was true) and advance past it. */
@@ -196,6 +281,39 @@ static inline void run_put(Run *run, Py_ssize_t index, int64_t size, int64_t bor
     run->physical += size;
     run->in_file += size;
     run->queue_offset++;
+}
+
+/* encode_run's work on one item of encoded (a 7-tuple; see below): 1 when written, 0
+ * when it does not fit the file, -1 with an exception when the item is wrong. */
+static int run_put_item(Run *run, Py_ssize_t index, PyObject *item, const Py_buffer *topic) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 7) {
+        PyErr_SetString(PyExc_TypeError, "encoded items are 7-tuples");
+        return -1;
+    }
+    int64_t size, flags, born = run->stored;
+    if (as_i64(PyTuple_GET_ITEM(item, 0), &size) < 0 ||
+        as_i64(PyTuple_GET_ITEM(item, 1), &flags) < 0)
+        return -1;
+    if (size < HEADER_SIZE || size > RECORD_SIZE_MAX || flags < 0 || flags > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "an encoded item's size or flags is out of range");
+        return -1;
+    }
+    if (!run_fits(run, size)) return 0;
+    PyObject *born_obj = PyTuple_GET_ITEM(item, 6);
+    if (born_obj != Py_None && as_i64(born_obj, &born) < 0) return -1;
+    Py_buffer tag, keys, props, body;
+    tag.obj = keys.obj = props.obj = body.obj = NULL;
+    int bad = get_bytes(PyTuple_GET_ITEM(item, 2), &tag, "tag") < 0 ||
+              get_bytes(PyTuple_GET_ITEM(item, 3), &keys, "keys") < 0 ||
+              get_bytes(PyTuple_GET_ITEM(item, 4), &props, "properties") < 0 ||
+              get_bytes(PyTuple_GET_ITEM(item, 5), &body, "body") < 0 ||
+              !sections_fit(topic, &tag, &keys, &props, &body, size);
+    if (!bad) run_put(run, index, size, born, (uint32_t)flags, topic, &tag, &keys, &props, &body);
+    release(&body);
+    release(&props);
+    release(&keys);
+    release(&tag);
+    return bad ? -1 : 1;
 }
 
 /* ------------------------------------------------------------------ xxh64() */
@@ -246,12 +364,12 @@ static PyObject *py_encode_into(PyObject *self, PyObject *const *args, Py_ssize_
     if (get_bytes(args[11], &keys, "keys") < 0) goto done;
     if (get_bytes(args[12], &props, "properties") < 0) goto done;
     if (get_bytes(args[13], &body, "body") < 0) goto done;
-    if (HEADER_SIZE + topic.len + tag.len + keys.len + props.len + body.len != total ||
-        total > 0xFFFFFFFFLL || topic.len > 255 || tag.len > 255 || keys.len > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "section lengths do not add up to total_size");
+    if (!sections_fit(&topic, &tag, &keys, &props, &body, total)) goto done;
+    if (queue_id < INT32_MIN || queue_id > INT32_MAX || flags < 0 || flags > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "queue_id or flags out of range");
         goto done;
     }
-    if (position < 0 || position + total > out.len) {
+    if (!slice_inside(position, total, out.len)) {
         PyErr_SetString(PyExc_ValueError, "the record does not fit the buffer");
         goto done;
     }
@@ -303,55 +421,25 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&out);
         return NULL;
     }
-    if (PyObject_GetBuffer(args[10], &positions, PyBUF_WRITABLE) < 0) {
+    if (get_array(args[10], &positions, 8, 1, "positions") < 0) {
         release(&topic);
         PyBuffer_Release(&out);
         return NULL;
     }
     Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
                (int32_t)queue_id, (int64_t *)positions.buf};
-    Py_ssize_t index = start;
+    Py_ssize_t index = (Py_ssize_t)start;
     PyObject *result = NULL;
-    if (positions.len < count * (Py_ssize_t)sizeof(int64_t) || file_size > out.len) {
-        PyErr_SetString(PyExc_ValueError, "positions or file size do not match");
-        goto done;
-    }
-    for (; index < count; index++) {
+    if (!run_check(&run, out.len, positions.len, count, start, queue_id)) goto done;
+    /* An item's __index__ can change the list: its size is read again every round. */
+    for (; index < PyList_GET_SIZE(encoded) && index < count; index++) {
+        /* A reference of our own: an item's __index__ could empty the list. */
         PyObject *item = PyList_GET_ITEM(encoded, index);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 7) {
-            PyErr_SetString(PyExc_TypeError, "encoded items are 7-tuples");
-            goto done;
-        }
-        int64_t size, flags, born;
-        if (as_i64(PyTuple_GET_ITEM(item, 0), &size) < 0 ||
-            as_i64(PyTuple_GET_ITEM(item, 1), &flags) < 0)
-            goto done;
-        if (!run_fits(&run, size)) break;
-        PyObject *born_obj = PyTuple_GET_ITEM(item, 6);
-        if (born_obj == Py_None) {
-            born = stored;
-        } else if (as_i64(born_obj, &born) < 0) {
-            goto done;
-        }
-        Py_buffer tag, keys, props, body;
-        tag.obj = keys.obj = props.obj = body.obj = NULL;
-        int bad = get_bytes(PyTuple_GET_ITEM(item, 2), &tag, "tag") < 0 ||
-                  get_bytes(PyTuple_GET_ITEM(item, 3), &keys, "keys") < 0 ||
-                  get_bytes(PyTuple_GET_ITEM(item, 4), &props, "properties") < 0 ||
-                  get_bytes(PyTuple_GET_ITEM(item, 5), &body, "body") < 0;
-        if (!bad && (HEADER_SIZE + topic.len + tag.len + keys.len + props.len + body.len != size ||
-                     tag.len > 255 || keys.len > 0xFFFF)) {
-            PyErr_SetString(PyExc_ValueError, "section lengths do not add up to the size");
-            bad = 1;
-        }
-        if (!bad)
-            run_put(&run, index, size, born, (uint32_t)flags, &topic, &tag, &keys, &props,
-                    &body);
-        release(&body);
-        release(&props);
-        release(&keys);
-        release(&tag);
-        if (bad) goto done;
+        Py_INCREF(item);
+        int put = run_put_item(&run, index, item, &topic);
+        Py_DECREF(item);
+        if (put < 0) goto done;
+        if (put == 0) break;
     }
     result = PyLong_FromSsize_t(index);
 done:
@@ -387,7 +475,8 @@ static int body_view(PyObject *obj, Py_buffer *view) {
 }
 
 /* check_bodies(bodies, fixed_size, limit, sizes) -> -1, or the index of the first body
- * that is not bytes-like or None, or whose record (fixed_size + len) exceeds limit.
+ * that is not bytes-like or None, or whose record (fixed_size + len) exceeds limit
+ * (or is negative: a fixed_size no caller passes).
  * sizes (int32, one per body) gets every record's total size. */
 static PyObject *py_check_bodies(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_CheckExact(args[0])) {
@@ -397,7 +486,7 @@ static PyObject *py_check_bodies(PyObject *self, PyObject *const *args, Py_ssize
     int64_t fixed, limit;
     if (as_i64(args[1], &fixed) < 0 || as_i64(args[2], &limit) < 0) return NULL;
     Py_buffer sizes;
-    if (PyObject_GetBuffer(args[3], &sizes, PyBUF_WRITABLE) < 0) return NULL;
+    if (get_array(args[3], &sizes, 4, 1, "sizes") < 0) return NULL;
     PyObject *bodies = args[0];
     Py_ssize_t count = PyList_GET_SIZE(bodies), bad = -1;
     if (sizes.len < count * 4) {
@@ -413,9 +502,10 @@ static PyObject *py_check_bodies(PyObject *self, PyObject *const *args, Py_ssize
             bad = i;
             break;
         }
-        int64_t total = fixed + view.len;
+        int wraps = view.len > 0 && fixed > INT64_MAX - view.len; /* then above any limit */
+        int64_t total = wraps ? INT64_MAX : fixed + view.len;
         release(&view);
-        if (total > limit || total > 0x7FFFFFFF) {
+        if (total < 0 || total > limit || total > 0x7FFFFFFF) {
             bad = i;
             break;
         }
@@ -452,15 +542,15 @@ static PyObject *py_encode_bodies(PyObject *self, PyObject *const *args, Py_ssiz
     PyObject *result = NULL;
     int have_positions = 0;
     if (get_bytes(args[8], &topic, "topic") < 0 || get_bytes(args[9], &tag, "tag") < 0) goto done;
-    if (PyObject_GetBuffer(args[12], &positions, PyBUF_WRITABLE) < 0) goto done;
+    if (get_array(args[12], &positions, 8, 1, "positions") < 0) goto done;
     have_positions = 1;
-    if (positions.len < count * 8 || file_size > out.len || topic.len > 255 || tag.len > 255 ||
-        start < 0 || start > count) {
-        PyErr_SetString(PyExc_ValueError, "encode_bodies: bad positions, file size or names");
-        goto done;
-    }
     Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
                (int32_t)queue_id, (int64_t *)positions.buf};
+    if (!run_check(&run, out.len, positions.len, count, start, queue_id)) goto done;
+    if (topic.len > 255 || tag.len > 255) {
+        PyErr_SetString(PyExc_ValueError, "encode_bodies: topic or tag longer than 255 bytes");
+        goto done;
+    }
     int64_t fixed = HEADER_SIZE + topic.len + tag.len;
     Py_ssize_t index = start;
     for (; index < count; index++) {
@@ -470,7 +560,12 @@ static PyObject *py_encode_bodies(PyObject *self, PyObject *const *args, Py_ssiz
             PyErr_SetString(PyExc_TypeError, "a body is not bytes-like (check_bodies first)");
             goto done;
         }
-        int64_t size = fixed + body.len;
+        int64_t size = fixed + body.len; /* body.len is a buffer's: this cannot wrap */
+        if (size > RECORD_SIZE_MAX) {
+            release(&body);
+            PyErr_SetString(PyExc_ValueError, "a record is larger than 4 GiB");
+            goto done;
+        }
         int fits = run_fits(&run, size);
         if (fits)
             run_put(&run, index, size, born, kind == -1 ? FLAG_NULL_BODY : 0u, &topic, &tag,
@@ -514,31 +609,31 @@ static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssiz
     PyObject *result = NULL;
     if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
     if (get_bytes(args[8], &topic, "topic") < 0 || get_bytes(args[9], &tag, "tag") < 0) goto done;
-    if (PyObject_GetBuffer(args[10], &offsets, PyBUF_SIMPLE) < 0) goto done;
+    if (get_array(args[10], &offsets, 8, 0, "offsets") < 0) goto done;
     have_offsets = 1;
     if (PyObject_GetBuffer(args[11], &data, PyBUF_SIMPLE) < 0) goto done;
     have_data = 1;
     if (args[12] != Py_None) {
-        if (PyObject_GetBuffer(args[12], &nulls, PyBUF_SIMPLE) < 0) goto done;
+        if (get_array(args[12], &nulls, 1, 0, "nulls") < 0) goto done;
         have_nulls = 1;
     }
     if (args[13] != Py_None) {
-        if (PyObject_GetBuffer(args[13], &borns, PyBUF_SIMPLE) < 0) goto done;
+        if (get_array(args[13], &borns, 8, 0, "borns") < 0) goto done;
         have_borns = 1;
     }
-    if (PyObject_GetBuffer(args[15], &positions, PyBUF_WRITABLE) < 0) goto done;
+    if (get_array(args[15], &positions, 8, 1, "positions") < 0) goto done;
     have_positions = 1;
     Py_ssize_t count = offsets.len / 8 - 1;
-    if (count < 0 || positions.len < count * 8 || (have_nulls && nulls.len < count) ||
-        (have_borns && borns.len < count * 8) || file_size > out.len || topic.len > 255 ||
-        tag.len > 255 || start < 0 || start > count) {
+    Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
+               (int32_t)queue_id, (int64_t *)positions.buf};
+    if (count < 0 || (have_nulls && nulls.len < count) || (have_borns && borns.len < count * 8) ||
+        topic.len > 255 || tag.len > 255) {
         PyErr_SetString(PyExc_ValueError, "encode_slices: arrays do not match");
         goto done;
     }
+    if (!run_check(&run, out.len, positions.len, count, start, queue_id)) goto done;
     const int64_t *offs = offsets.buf, *born_at = have_borns ? borns.buf : NULL;
     const uint8_t *null_at = have_nulls ? nulls.buf : NULL;
-    Run run = {(uint8_t *)out.buf, in_file, file_size, physical, queue_offset, stored,
-               (int32_t)queue_id, (int64_t *)positions.buf};
     int64_t fixed = HEADER_SIZE + topic.len + tag.len;
     Py_ssize_t index = start;
     for (; index < count; index++) {
@@ -554,6 +649,10 @@ static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssiz
         int is_null = null_at != NULL && null_at[index];
         if (is_null) body.len = 0;
         int64_t size = fixed + body.len;
+        if (size > RECORD_SIZE_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a record is larger than 4 GiB");
+            goto done;
+        }
         if (!run_fits(&run, size)) break;
         run_put(&run, index, size, born_at ? born_at[index] : born,
                 is_null ? FLAG_NULL_BODY : 0u, &topic, &tag, &empty, &empty, &body);
@@ -573,8 +672,6 @@ done:
 
 /* ------------------------------------------------------------------ scan_records() */
 
-#define BLANK_MAGIC 0x4D514232u
-#define FLAGS_KNOWN FLAG_NULL_BODY
 enum { SCAN_FULL = 0, SCAN_ZEROS = 1, SCAN_BLANK = 2, SCAN_INVALID = 3, SCAN_LIMIT = 4 };
 
 /* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as Python decodes. */
@@ -636,13 +733,19 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
     PyObject *result = NULL;
     if (PyObject_GetBuffer(args[0], &views[0], PyBUF_SIMPLE) < 0) return NULL;
     got = 1;
+    static const Py_ssize_t itemsizes[8] = {0, 8, 4, 8, 4, 8, 1, 8};
+    static const char *const names[8] = {"",          "positions", "sizes",      "queue_offsets",
+                                         "queue_ids", "store_ts",  "topic_lens", "topic_hashes"};
     for (; got < 8; got++)
-        if (PyObject_GetBuffer(args[got + 3], &views[got], PyBUF_WRITABLE) < 0) goto done;
+        if (get_array(args[got + 3], &views[got], itemsizes[got], 1, names[got]) < 0) goto done;
     Py_ssize_t capacity = views[1].len / 8;
-    if (views[2].len < capacity * 4 || views[3].len < capacity * 8 || views[4].len < capacity * 4 ||
-        views[5].len < capacity * 8 || views[6].len < capacity || views[7].len < capacity * 8 ||
-        start < 0 || limit > views[0].len || start > limit) {
-        PyErr_SetString(PyExc_ValueError, "scan_records: outputs too short or bad range");
+    int short_output = 0;
+    for (int k = 2; k < 8; k++) short_output |= views[k].len / itemsizes[k] < capacity;
+    /* 0 <= start <= limit <= len, and file_start + limit does not wrap: every sum
+     * below (at + total, file_start + at) is then exact. */
+    if (short_output || start < 0 || start > limit || limit > views[0].len || file_start < 0 ||
+        file_start > INT64_MAX - limit) {
+        PyErr_SetString(PyExc_ValueError, "scan_records: outputs too short, bad range or start");
         goto done;
     }
     const uint8_t *base = views[0].buf;
@@ -659,7 +762,7 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
             status = SCAN_FULL;
             break;
         }
-        if (at + BLANK_SIZE > limit) {
+        if (limit - at < BLANK_SIZE) {
             status = SCAN_LIMIT;
             break;
         }
@@ -672,7 +775,7 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
         uint64_t stored = read64(rec + 8);
         if (magic == BLANK_MAGIC) {
             uint64_t seed = (uint64_t)total | ((uint64_t)BLANK_MAGIC << 32);
-            if (total < BLANK_SIZE || at + total > limit || xxh64(rec, 0, seed) != stored) {
+            if (total < BLANK_SIZE || total > limit - at || xxh64(rec, 0, seed) != stored) {
                 status = SCAN_INVALID;
             } else {
                 status = SCAN_BLANK;
@@ -680,7 +783,7 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
             }
             break;
         }
-        if (magic != MESSAGE_MAGIC || total < HEADER_SIZE || at + (int64_t)total > limit) {
+        if (magic != MESSAGE_MAGIC || total < HEADER_SIZE || total > limit - at) {
             status = SCAN_INVALID;
             break;
         }
@@ -739,11 +842,11 @@ static PyObject *py_verify_records(PyObject *self, PyObject *const *args, Py_ssi
     }
     Py_buffer buf, pos, sizes;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &pos, PyBUF_SIMPLE) < 0) {
+    if (get_array(args[1], &pos, 8, 0, "positions") < 0) {
         PyBuffer_Release(&buf);
         return NULL;
     }
-    if (PyObject_GetBuffer(args[2], &sizes, PyBUF_SIMPLE) < 0) {
+    if (get_array(args[2], &sizes, 8, 0, "sizes") < 0) {
         PyBuffer_Release(&pos);
         PyBuffer_Release(&buf);
         return NULL;
@@ -757,13 +860,14 @@ static PyObject *py_verify_records(PyObject *self, PyObject *const *args, Py_ssi
         const uint8_t *base = buf.buf;
         Py_ssize_t len = buf.len;
         Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < count; i++) {
+            /* Both come from ConsumeQueue units, that is from disk: never trusted. */
             int64_t at = p[i], size = s[i];
-            if (at < 0 || size < HEADER_SIZE || at + size > len) {
+            if (size < HEADER_SIZE || !slice_inside(at, size, len)) {
                 bad = i;
                 break;
             }
             const uint8_t *rec = base + at;
-            if (read32(rec) != (uint32_t)size || read32(rec + 4) != MESSAGE_MAGIC) {
+            if ((int64_t)read32(rec) != size || read32(rec + 4) != MESSAGE_MAGIC) {
                 bad = i;
                 break;
             }
@@ -794,11 +898,11 @@ static PyObject *py_gather(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     Py_buffer buf, starts, lengths, out;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &starts, PyBUF_SIMPLE) < 0) {
+    if (get_array(args[1], &starts, 8, 0, "starts") < 0) {
         PyBuffer_Release(&buf);
         return NULL;
     }
-    if (PyObject_GetBuffer(args[2], &lengths, PyBUF_SIMPLE) < 0) {
+    if (get_array(args[2], &lengths, 8, 0, "lengths") < 0) {
         PyBuffer_Release(&starts);
         PyBuffer_Release(&buf);
         return NULL;
@@ -812,12 +916,12 @@ static PyObject *py_gather(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int ok = starts.len == lengths.len;
     Py_ssize_t count = starts.len / 8;
     const int64_t *st = starts.buf, *ln = lengths.buf;
-    int64_t total = 0;
+    int64_t room = out.len; /* what out has left: the sum of lengths is never formed */
     for (Py_ssize_t i = 0; ok && i < count; i++) {
-        if (st[i] < 0 || ln[i] < 0 || st[i] + ln[i] > buf.len) ok = 0;
-        total += ln[i];
+        if (!slice_inside(st[i], ln[i], buf.len) || ln[i] > room) ok = 0;
+        else room -= ln[i];
     }
-    if (!ok || total > out.len) {
+    if (!ok) {
         PyErr_SetString(PyExc_ValueError, "a slice lies outside the buffer, or out is short");
     } else {
         uint8_t *dst = out.buf;
@@ -852,6 +956,23 @@ enum {
     TAIL_COLUMNS
 };
 
+/* The most units a queue file holds: units_per_file is a u32 in the time file header
+ * (consumequeue/format.py). Bounds a row's index so that index * 20 cannot wrap. */
+#define TAIL_UNITS_IN_FILE_MAX 0xFFFFFFFFLL
+
+/* The in-file index of the unit at queue offset offset when row takes it, else -1.
+ * A row takes the next unit of its queue (TAIL_NEXT), inside the span reserved for it
+ * ([FILE_FIRST, LIMIT), what the tail writer mapped), with a positive block interval
+ * (a zero would trap in the division). Comparisons only: no sum of row values (which
+ * a caller could set to anything) is formed before it is known to be in range. */
+static inline int64_t row_index(const int64_t *row, int64_t offset) {
+    if (row[TAIL_UNITS_ADDR] == 0 || row[TAIL_INTERVAL] <= 0 || offset != row[TAIL_NEXT] ||
+        offset < row[TAIL_FILE_FIRST] || offset >= row[TAIL_LIMIT])
+        return -1;
+    uint64_t index = (uint64_t)offset - (uint64_t)row[TAIL_FILE_FIRST]; /* exact: >= 0 */
+    return index > (uint64_t)TAIL_UNITS_IN_FILE_MAX ? -1 : (int64_t)index;
+}
+
 /* write_units(table, slots, queue_offsets, commitlog_offsets, sizes, tag_hashes,
  *             timestamps, start) -> index
  * Append units[start:] (int32 slots, int64 columns but int32 sizes) at the tails of
@@ -870,14 +991,16 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
     Py_buffer views[7];
     int got = 0;
     PyObject *result = NULL;
-    for (; got < 7; got++) {
-        int flags = got == 0 ? PyBUF_WRITABLE : PyBUF_SIMPLE;
-        if (PyObject_GetBuffer(args[got], &views[got], flags) < 0) goto done;
-    }
+    static const Py_ssize_t itemsizes[7] = {8, 4, 8, 8, 4, 8, 8};
+    static const char *const names[7] = {"table", "slots",      "queue_offsets", "commitlog_offsets",
+                                         "sizes", "tag_hashes", "timestamps"};
+    for (; got < 7; got++)
+        if (get_array(args[got], &views[got], itemsizes[got], got == 0, names[got]) < 0) goto done;
     Py_ssize_t count = views[1].len / 4;
     Py_ssize_t rows = views[0].len / (TAIL_COLUMNS * 8);
-    if (views[2].len != count * 8 || views[3].len != count * 8 || views[4].len != count * 4 ||
-        views[5].len != count * 8 || views[6].len != count * 8 || start < 0 || start > count) {
+    int lengths_ok = views[0].len % (TAIL_COLUMNS * 8) == 0;
+    for (int k = 2; k < 7; k++) lengths_ok &= views[k].len / itemsizes[k] == count;
+    if (!lengths_ok || start < 0 || start > count) {
         PyErr_SetString(PyExc_ValueError, "write_units: columns differ in length");
         goto done;
     }
@@ -895,10 +1018,8 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
         if (slot < 0 || slot >= rows) break;
         int64_t *row = table + (Py_ssize_t)slot * TAIL_COLUMNS;
         int64_t offset = qoffs[i];
-        if (row[TAIL_UNITS_ADDR] == 0 || offset != row[TAIL_NEXT] || offset >= row[TAIL_LIMIT] ||
-            clogs[i] <= row[TAIL_LAST_CLOG] || sizes[i] <= 0)
-            break;
-        int64_t index = offset - row[TAIL_FILE_FIRST];
+        int64_t index = row_index(row, offset);
+        if (index < 0 || clogs[i] <= row[TAIL_LAST_CLOG] || sizes[i] <= 0) break;
         int64_t stamp = times[i];
         uint8_t *times_at = (uint8_t *)(uintptr_t)row[TAIL_TIMES_ADDR] + index * 8;
         memcpy(times_at, &stamp, 8);
@@ -907,10 +1028,10 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
         int64_t maximum;
         memcpy(&maximum, block, 8);
         if (maximum < stamp) memcpy(block, &stamp, 8);
-        uint8_t *unit = (uint8_t *)(uintptr_t)row[TAIL_UNITS_ADDR] + index * 20;
-        memcpy(unit, &clogs[i], 8);
-        memcpy(unit + 12, &tags[i], 8);
-        __atomic_store_n((int32_t *)(void *)(unit + 8), sizes[i], __ATOMIC_RELEASE);
+        uint8_t *unit = (uint8_t *)(uintptr_t)row[TAIL_UNITS_ADDR] + index * UNIT_SIZE;
+        memcpy(unit + UNIT_AT_COMMITLOG_OFFSET, &clogs[i], 8);
+        memcpy(unit + UNIT_AT_TAG_HASH, &tags[i], 8);
+        __atomic_store_n((int32_t *)(void *)(unit + UNIT_AT_SIZE), sizes[i], __ATOMIC_RELEASE);
         row[TAIL_NEXT] = offset + 1;
         row[TAIL_LAST_CLOG] = clogs[i];
     }
@@ -953,6 +1074,74 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* LAYOUT: every constant this file shares with the Python side, by name, for
+ * commitlog/native.py to compare with record.py, consumequeue/format.py and
+ * consumequeue/tail_writer.py at import (a mismatch is an ImportError, never a
+ * silent misread). */
+static const struct {
+    const char *name;
+    long long value;
+} layout[] = {
+    {"HEADER_SIZE", HEADER_SIZE},
+    {"BLANK_SIZE", BLANK_SIZE},
+    {"MESSAGE_MAGIC", MESSAGE_MAGIC},
+    {"BLANK_MAGIC", BLANK_MAGIC},
+    {"FLAG_NULL_BODY", FLAG_NULL_BODY},
+    {"FLAGS_KNOWN", FLAGS_KNOWN},
+    {"RECORD_SIZE_MAX", RECORD_SIZE_MAX},
+    {"AT_TOTAL_SIZE", AT_TOTAL_SIZE},
+    {"AT_MAGIC", AT_MAGIC},
+    {"AT_CHECKSUM", AT_CHECKSUM},
+    {"AT_QUEUE_OFFSET", AT_QUEUE_OFFSET},
+    {"AT_PHYSICAL_OFFSET", AT_PHYSICAL_OFFSET},
+    {"AT_BORN_TS", AT_BORN_TS},
+    {"AT_STORE_TS", AT_STORE_TS},
+    {"AT_QUEUE_ID", AT_QUEUE_ID},
+    {"AT_FLAGS", AT_FLAGS},
+    {"AT_BODY_LEN", AT_BODY_LEN},
+    {"AT_PROPERTIES_LEN", AT_PROPERTIES_LEN},
+    {"AT_KEYS_LEN", AT_KEYS_LEN},
+    {"AT_TOPIC_LEN", AT_TOPIC_LEN},
+    {"AT_TAG_LEN", AT_TAG_LEN},
+    {"SCAN_FULL", SCAN_FULL},
+    {"SCAN_ZEROS", SCAN_ZEROS},
+    {"SCAN_BLANK", SCAN_BLANK},
+    {"SCAN_INVALID", SCAN_INVALID},
+    {"SCAN_LIMIT", SCAN_LIMIT},
+    {"UNIT_SIZE", UNIT_SIZE},
+    {"UNIT_AT_COMMITLOG_OFFSET", UNIT_AT_COMMITLOG_OFFSET},
+    {"UNIT_AT_SIZE", UNIT_AT_SIZE},
+    {"UNIT_AT_TAG_HASH", UNIT_AT_TAG_HASH},
+    {"TAIL_UNITS_ADDR", TAIL_UNITS_ADDR},
+    {"TAIL_TIMES_ADDR", TAIL_TIMES_ADDR},
+    {"TAIL_BLOCKS_ADDR", TAIL_BLOCKS_ADDR},
+    {"TAIL_INTERVAL", TAIL_INTERVAL},
+    {"TAIL_FILE_FIRST", TAIL_FILE_FIRST},
+    {"TAIL_NEXT", TAIL_NEXT},
+    {"TAIL_LIMIT", TAIL_LIMIT},
+    {"TAIL_LAST_CLOG", TAIL_LAST_CLOG},
+    {"TAIL_COLUMNS", TAIL_COLUMNS},
+};
+
+static int add_layout(PyObject *m) {
+    PyObject *dict = PyDict_New();
+    if (dict == NULL) return -1;
+    for (size_t k = 0; k < sizeof layout / sizeof layout[0]; k++) {
+        PyObject *value = PyLong_FromLongLong(layout[k].value);
+        if (value == NULL || PyDict_SetItemString(dict, layout[k].name, value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(dict);
+            return -1;
+        }
+        Py_DECREF(value);
+    }
+    if (PyModule_AddObject(m, "LAYOUT", dict) < 0) {
+        Py_DECREF(dict);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
     const uint16_t probe = 1;
     if (*(const uint8_t *)&probe != 1) {
@@ -963,7 +1152,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "MESSAGE_MAGIC", MESSAGE_MAGIC) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0 ||
-        PyModule_AddIntConstant(m, "TAIL_COLUMNS", TAIL_COLUMNS) < 0) {
+        PyModule_AddIntConstant(m, "TAIL_COLUMNS", TAIL_COLUMNS) < 0 || add_layout(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

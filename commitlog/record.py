@@ -56,7 +56,7 @@ from commitlog.errors import (
     InvalidTypeError,
     LimitExceededError,
 )
-from commitlog.native import NATIVE
+from commitlog.native import NATIVE, check_layout
 
 __all__ = [
     "BLANK_MAGIC",
@@ -127,6 +127,8 @@ assert _TAIL.size == HEADER_SIZE - PREFIX.size
 
 FLAG_NULL_BODY: Final = 0x1  # the body is None (a Kafka tombstone), body_len is 0
 FLAGS_KNOWN: Final = FLAG_NULL_BODY
+RECORD_SIZE_MAX: Final = 0xFFFF_FFFF  # total_size is a u32
+_INT64_MAX: Final = (1 << 63) - 1
 
 TOPIC_NAME_MAX: Final = 127  # bytes; RocketMQ's maxTopicLength for the V1 magic
 TAG_MAX_BYTES: Final = 255  # tag_len is a u8
@@ -360,10 +362,14 @@ def encode_run_py(
         The index after the last record written: ``len(encoded)`` when all fit, else
         the record the caller has to roll the file for.
     """
+    _check_run(buffer, in_file, file_size, physical_offset, first_queue_offset, queue_id,
+               len(encoded), start, positions)  # fmt: skip
     index = start
     queue_offset = first_queue_offset
     for index in range(start, len(encoded)):
         size, flags, tag_b, keys_b, props_b, body, born = encoded[index]
+        if not (HEADER_SIZE <= size <= RECORD_SIZE_MAX and 0 <= flags <= 0xFFFF_FFFF):
+            raise ValueError("an encoded item's size or flags is out of range")
         if in_file + size + BLANK_SIZE > file_size:
             return index
         encode_into_py(
@@ -376,6 +382,35 @@ def encode_run_py(
         in_file += size
         queue_offset += 1
     return len(encoded)
+
+
+def _check_run(
+    buffer: Any,
+    in_file: int,
+    file_size: int,
+    physical_offset: int,
+    first_queue_offset: int,
+    queue_id: int,
+    count: int,
+    start: int,
+    positions: Any,
+) -> None:
+    """The batch encoders' argument checks (``run_check`` in the C file): a place in
+    the file, and offsets that cannot wrap however many records the file takes.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+    if not (0 <= start <= count and len(positions) >= count):
+        raise ValueError("start or positions do not match the batch")
+    if not 0 <= in_file <= file_size <= memoryview(buffer).nbytes:
+        raise ValueError("in_file and file_size must satisfy 0 <= in_file <= file_size <= len")
+    if not 0 <= physical_offset <= _INT64_MAX - (file_size - in_file):
+        raise ValueError("physical offset out of range")
+    if not 0 <= first_queue_offset <= _INT64_MAX - count:
+        raise ValueError("queue offset out of range")
+    if not -(1 << 31) <= queue_id < 1 << 31:
+        raise ValueError("queue_id out of range")
 
 
 def verify_records_py(buffer: Any, positions: Any, sizes: Any) -> int:
@@ -413,7 +448,7 @@ def check_bodies_py(bodies: list[Any], fixed_size: int, limit: int, sizes: Any) 
         if body is not None and not isinstance(body, bytes | bytearray | memoryview):
             return index
         size = fixed_size + (0 if body is None else len(body))
-        if size > limit or size > 0x7FFFFFFF:
+        if size > limit or not 0 <= size <= 0x7FFFFFFF:
             return index
         sizes[index] = size
     return -1
@@ -438,10 +473,16 @@ def encode_bodies_py(
     """``encode_run`` for records that share topic and tag, have no keys or
     properties, and share ``born_ts_ms`` unless ``borns`` gives one each (a plain
     batch, checked by ``check_bodies``)."""
+    _check_run(buffer, in_file, file_size, physical_offset, first_queue_offset, queue_id,
+               len(bodies), start, positions)  # fmt: skip
+    if len(topic) > TAG_MAX_BYTES or len(tag) > TAG_MAX_BYTES:
+        raise ValueError("encode_bodies: topic or tag longer than 255 bytes")
     queue_offset = first_queue_offset
     fixed = HEADER_SIZE + len(topic) + len(tag)
     for index in range(start, len(bodies)):
         body = bodies[index]
+        if body is not None and not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError("a body is not bytes-like (check_bodies first)")
         flags = FLAG_NULL_BODY if body is None else 0
         body = b"" if body is None else body
         size = fixed + len(body)
@@ -524,6 +565,11 @@ def scan_records_py(
         why (SCAN_*).
     """
     at, count, capacity = start, 0, len(positions)
+    columns = (sizes, queue_offsets, queue_ids, store_ts_ms, topic_lens, topic_hashes)
+    if min(map(len, columns)) < capacity or not 0 <= start <= limit <= memoryview(buffer).nbytes:
+        raise ValueError("scan_records: outputs too short, bad range or start")
+    if not 0 <= file_start <= _INT64_MAX - limit:
+        raise ValueError("scan_records: outputs too short, bad range or start")
     while True:
         if count == capacity:
             return at, count, SCAN_FULL
@@ -549,6 +595,34 @@ def scan_records_py(
         at += record.size
         count += 1
 
+
+#: Header fields in layout order: the C file's AT_* offsets are derived from HEADER.
+_FIELDS: Final = (
+    "TOTAL_SIZE", "MAGIC", "CHECKSUM", "QUEUE_OFFSET", "PHYSICAL_OFFSET", "BORN_TS",
+    "STORE_TS", "QUEUE_ID", "FLAGS", "BODY_LEN", "PROPERTIES_LEN", "KEYS_LEN", "TOPIC_LEN",
+    "TAG_LEN",
+)  # fmt: skip
+_CODES: Final = HEADER.format.lstrip("<")
+assert len(_CODES) == len(_FIELDS)
+#: The constants commitlog/_native.c keeps a copy of (its LAYOUT), checked at import.
+LAYOUT: Final = {
+    "HEADER_SIZE": HEADER_SIZE,
+    "BLANK_SIZE": BLANK_SIZE,
+    "MESSAGE_MAGIC": MESSAGE_MAGIC,
+    "BLANK_MAGIC": BLANK_MAGIC,
+    "FLAG_NULL_BODY": FLAG_NULL_BODY,
+    "FLAGS_KNOWN": FLAGS_KNOWN,
+    "RECORD_SIZE_MAX": RECORD_SIZE_MAX,
+    "SCAN_FULL": SCAN_FULL,
+    "SCAN_ZEROS": SCAN_ZEROS,
+    "SCAN_BLANK": SCAN_BLANK,
+    "SCAN_INVALID": SCAN_INVALID,
+    "SCAN_LIMIT": SCAN_LIMIT,
+    **{f"AT_{name}": struct.calcsize("<" + _CODES[:i]) for i, name in enumerate(_FIELDS)},
+}
+
+if NATIVE is not None:
+    check_layout(NATIVE, LAYOUT, "commitlog/record.py")
 
 if NATIVE is None:
     encode_into = encode_into_py

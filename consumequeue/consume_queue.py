@@ -33,6 +33,8 @@ Threading: every method holds the store lock (an RLock shared with the file cach
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from commitlog.errors import (
@@ -62,6 +64,8 @@ from consumequeue.unit_batch import (
 )
 
 __all__ = ["ConsumeQueue"]
+
+log = logging.getLogger(__name__)
 
 
 class ConsumeQueue:
@@ -173,7 +177,7 @@ class ConsumeQueue:
         timestamp_ms = check_int("timestamp_ms", timestamp_ms, 0, INT64_MAX)
         with self._ctx.lock:
             self._enter_for_write()
-            if self._first_offset == self._max_offset:
+            if self._first_offset == self._max_offset or self._restarts_at(queue_offset):
                 self._start_at(queue_offset)
             elif queue_offset < self._max_offset:
                 self._reput_one(queue_offset, commitlog_offset, size, tag_hash, timestamp_ms)
@@ -212,7 +216,7 @@ class ConsumeQueue:
             return
         with self._ctx.lock:
             self._enter_for_write()
-            if self._first_offset == self._max_offset:
+            if self._first_offset == self._max_offset or self._restarts_at(first):
                 self._start_at(first)
             elif first > self._max_offset:
                 raise InvalidArgumentError(
@@ -479,6 +483,22 @@ class ConsumeQueue:
         assert self._first_offset <= self._min_offset
 
     # ----------------------------------------------------------------- writing
+
+    def _restarts_at(self, offset: int) -> bool:
+        """A gap is allowed only into a queue whose every unit retention already made
+        unreadable (min_offset == max_offset after ``correct_min_offset``): the skipped
+        offsets' records lay below the CommitLog's start and are gone with it. After a
+        power cut, retention may have deleted CommitLog files (durably) past the
+        checkpoint's dispatched claim while the units of those files were not yet
+        synced; re-dispatch then resumes such a queue at a higher offset."""
+        restart = self._min_offset == self._max_offset < offset
+        if restart:
+            log.warning(
+                "%s: every unit is below the CommitLog start; resuming at queue offset %d "
+                "(offsets %d..%d were removed by retention)",
+                self, offset, self._max_offset, offset - 1,
+            )  # fmt: skip
+        return restart
 
     def _start_at(self, offset: int) -> None:
         """The queue holds no unit: drop leftover files, begin afresh at ``offset``."""

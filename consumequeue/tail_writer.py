@@ -36,7 +36,7 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.native import NATIVE
+from commitlog.native import NATIVE, check_layout
 from consumequeue.consume_queue import ConsumeQueue
 from consumequeue.format import UNIT, times_position_bytes
 from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile
@@ -54,10 +54,24 @@ _NEXT: Final = 5
 _LIMIT: Final = 6
 _LAST_CLOG: Final = 7
 _COLUMNS: Final = 8
-assert NATIVE is None or NATIVE.TAIL_COLUMNS == _COLUMNS
 assert UNIT.fields is not None
 assert [UNIT.fields[name][1] for name in ("commitlog_offset", "size", "tag_hash")] == [0, 8, 12]
 assert UNIT.itemsize == 20
+if NATIVE is not None:  # the C copy of the table and the unit: an ImportError if stale
+    check_layout(
+        NATIVE,
+        {
+            "TAIL_UNITS_ADDR": _UNITS_ADDR, "TAIL_TIMES_ADDR": _TIMES_ADDR,
+            "TAIL_BLOCKS_ADDR": _BLOCKS_ADDR, "TAIL_INTERVAL": _INTERVAL,
+            "TAIL_FILE_FIRST": _FILE_FIRST, "TAIL_NEXT": _NEXT, "TAIL_LIMIT": _LIMIT,
+            "TAIL_LAST_CLOG": _LAST_CLOG, "TAIL_COLUMNS": _COLUMNS,
+            "UNIT_SIZE": UNIT.itemsize,
+            "UNIT_AT_COMMITLOG_OFFSET": UNIT.fields["commitlog_offset"][1],
+            "UNIT_AT_SIZE": UNIT.fields["size"][1],
+            "UNIT_AT_TAG_HASH": UNIT.fields["tag_hash"][1],
+        },
+        "consumequeue/tail_writer.py",
+    )  # fmt: skip
 
 
 class TailWriter:

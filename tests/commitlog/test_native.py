@@ -315,3 +315,303 @@ def test_scan_records_refuses_bad_text() -> None:
         c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, 4)
         assert c_out == py_out
         assert c_out[:3] == (0, 0, record.SCAN_INVALID)
+
+
+# ---------------------------------------------------------------- memory safety (issue 13)
+# Each test below failed (most by killing the process) against the C module as it was
+# before the checks: see docs/RELIABILITY.md. Wrapping values are the point: an int64
+# ``at + size`` past 2**63 goes negative and passed the old ``at + size > len`` checks.
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _one_record(body: bytes = b"x") -> tuple[bytearray, int]:
+    size = record.HEADER_SIZE + 1 + len(body)
+    buffer = bytearray(size + 32)
+    record.encode_into_py(buffer, 0, 0, size, 0, 1, 1, 0, 0, b"t", b"", b"", b"", body)
+    return buffer, size
+
+
+@native
+@pytest.mark.parametrize(
+    ("position", "size"),
+    [(INT64_MAX - 100, 200), (INT64_MAX, INT64_MAX), (INT64_MAX - 67, 68), (INT64_MIN, 100),
+     (100, INT64_MAX), (-1, 68), (0, INT64_MIN)],
+)  # fmt: skip
+def test_verify_records_refuses_slices_whose_end_wraps(position: int, size: int) -> None:
+    """Was: ``at + size > len`` wrapped negative, passed, and read far outside (SIGSEGV
+    from MessageStore.get on crafted ConsumeQueue units)."""
+    assert NATIVE is not None
+    buffer, _ = _one_record()
+    p, z = np.array([0, position], np.int64), np.array([len(buffer) - 32, size], np.int64)
+    assert NATIVE.verify_records(buffer, p, z) == 1 == record.verify_records_py(buffer, p, z)
+
+
+@native
+@pytest.mark.parametrize(
+    ("starts", "lengths"),
+    [([INT64_MAX - 5], [10]), ([1], [INT64_MAX]), ([0, 0], [INT64_MAX, INT64_MAX]),
+     ([0, 0, 0], [8, INT64_MAX - 3, 8]), ([INT64_MIN], [1])],
+)  # fmt: skip
+def test_gather_refuses_slices_and_totals_that_wrap(starts: list, lengths: list) -> None:
+    """Was: ``st + ln > len`` wrapped and so did the sum of lengths checked against
+    ``out`` (a copy far past both buffers)."""
+    assert NATIVE is not None
+    source, out = bytes(64), bytearray(16)
+    args = (np.array(starts, np.int64), np.array(lengths, np.int64))
+    for gather in (NATIVE.gather, record.gather_py):
+        with pytest.raises(ValueError):
+            gather(source, *args, out)
+
+
+@native
+@pytest.mark.parametrize(
+    ("in_file", "file_size", "start", "physical", "first_offset"),
+    [(-4096, 200, 0, 0, 0), (INT64_MAX, 200, 0, 0, 0), (0, 200, -1, 0, 0),
+     (0, 200, 5, 0, 0), (0, 200, INT64_MIN, 0, 0), (0, 200, 0, INT64_MAX - 10, 0),
+     (0, 200, 0, 0, INT64_MAX), (0, 200, 0, -1, 0), (0, INT64_MAX, 0, 0, 0)],
+)  # fmt: skip
+def test_encoders_refuse_places_outside_the_file(
+    in_file: int, file_size: int, start: int, physical: int, first_offset: int
+) -> None:
+    """Was: encode_run trusted ``start`` (PyList_GET_ITEM(list, -1)) and ``in_file``
+    (writes before the buffer), and physical/queue offsets overflowed; the same for
+    encode_bodies and encode_slices. Now a ValueError, the buffer untouched, in C and
+    in the Python twins alike."""
+    assert NATIVE is not None
+    encoded = _encoded("t", [(b"ab", [], None, [], None)])
+    offsets, data = np.array([0, 2], np.int64), b"ab"
+    calls = [
+        (run, (in_file, file_size, physical, first_offset, 1, 0, b"t", encoded, start))
+        for run in (NATIVE.encode_run, record.encode_run_py)
+    ] + [
+        (run, (in_file, file_size, physical, first_offset, 1, 1, 0, b"t", b"", [b"ab"], start))
+        for run in (NATIVE.encode_bodies, record.encode_bodies_py)
+    ] + [
+        (run, (in_file, file_size, physical, first_offset, 1, 1, 0, b"t", b"", offsets, data,
+               None, None, start))
+        for run in (NATIVE.encode_slices, record.encode_slices_py)
+    ]  # fmt: skip
+    for run, args in calls:
+        buffer, positions = bytearray(200), np.zeros(1, np.int64)
+        with pytest.raises(ValueError):
+            run(buffer, *args, positions)
+        assert buffer == bytearray(200), run
+
+
+@native
+def test_encode_into_refuses_a_position_whose_end_wraps() -> None:
+    """Was: ``position + total > len`` wrapped for a position near 2**63: a write far
+    outside the buffer."""
+    assert NATIVE is not None
+    buffer = bytearray(200)
+    for position in (INT64_MAX - 10, INT64_MAX, INT64_MIN, -1):
+        with pytest.raises(ValueError):
+            NATIVE.encode_into(buffer, position, 0, 72, 0, 0, 0, 0, 0, b"t", b"", b"", b"", b"abc")
+    with pytest.raises(ValueError):  # queue_id and flags no longer truncated silently
+        NATIVE.encode_into(buffer, 0, 0, 72, 0, 0, 0, 1 << 31, 0, b"t", b"", b"", b"", b"abc")
+    assert buffer == bytearray(200)
+
+
+@native
+def test_encode_run_survives_an_item_that_empties_the_list() -> None:
+    """Was: a size whose ``__index__`` cleared the list freed the tuple being read and
+    left the loop reading past the list (use after free)."""
+    assert NATIVE is not None
+    encoded: list = []
+
+    class Evil:
+        def __index__(self) -> int:
+            encoded.clear()
+            return 72
+
+    encoded += [(Evil(), 0, b"", b"", b"", b"abc", None), (72, 0, b"", b"", b"", b"abc", None)]
+    positions = np.zeros(2, np.int64)
+    written = NATIVE.encode_run(bytearray(400), 0, 400, 0, 0, 1, 0, b"t", encoded, 0, positions)
+    assert written in (0, 1)
+
+
+@native
+def test_check_bodies_fixed_size_that_wraps_is_too_large() -> None:
+    """Was: ``fixed + len`` overflowed (undefined behaviour) to a small size."""
+    assert NATIVE is not None
+    sizes = np.zeros(1, np.int32)
+    assert NATIVE.check_bodies([b"abc"], INT64_MAX - 1, 1 << 20, sizes) == 0
+    assert record.check_bodies_py([b"abc"], INT64_MAX - 1, 1 << 20, sizes) == 0
+
+
+@native
+def test_scan_records_refuses_a_file_start_that_wraps() -> None:
+    """Was: ``file_start + at`` overflowed (undefined behaviour) when comparing a
+    record's physical offset; now the range is checked first, in C and Python."""
+    assert NATIVE is not None
+    buffer, _ = _one_record()
+    columns = [np.zeros(4, dtype) for dtype in
+               (np.int64, np.int32, np.int64, np.int32, np.int64, np.uint8, np.uint64)]  # fmt: skip
+    end = len(buffer)
+    ranges = ((0, end, INT64_MAX), (0, end, -1), (-1, 10, 0), (5, 4, 0), (0, end + 1, 0))
+    for run in (NATIVE.scan_records, record.scan_records_py):
+        for start, limit, file_start in ranges:
+            with pytest.raises(ValueError):
+                run(buffer, start, limit, file_start, *columns)
+
+
+@native
+def test_arrays_of_the_wrong_item_size_or_alignment_are_refused() -> None:
+    """int32 where int64 is meant (read as half as many wrong values before), and a
+    misaligned view (undefined behaviour for an int64 load), are TypeErrors."""
+    assert NATIVE is not None
+    buffer, size = _one_record()
+    with pytest.raises(TypeError):
+        NATIVE.verify_records(buffer, np.zeros(2, np.int32), np.full(2, size, np.int32))
+    raw = np.zeros(17, np.uint8)
+    misaligned = raw[1:].view(np.int64)
+    with pytest.raises((TypeError, ValueError)):
+        NATIVE.gather(buffer, misaligned, misaligned, bytearray(8))
+
+
+def _tail_row(units: np.ndarray, times: np.ndarray, blocks: np.ndarray, **values: int):
+    """One row of the tail writer's table (columns as consumequeue/tail_writer.py)."""
+    from consumequeue import tail_writer as tw
+
+    row = np.zeros(tw._COLUMNS, np.int64)
+    row[tw._UNITS_ADDR] = units.ctypes.data
+    row[tw._TIMES_ADDR] = times.ctypes.data
+    row[tw._BLOCKS_ADDR] = blocks.ctypes.data
+    columns = {"interval": tw._INTERVAL, "file_first": tw._FILE_FIRST, "next": tw._NEXT,
+               "limit": tw._LIMIT, "last_clog": tw._LAST_CLOG}  # fmt: skip
+    for name, value in values.items():
+        row[columns[name]] = value
+    return row
+
+
+@native
+@pytest.mark.parametrize(
+    "row",
+    [{"interval": 0}, {"interval": -1}, {"file_first": 5}, {"file_first": INT64_MAX},
+     {"next": INT64_MIN, "file_first": INT64_MIN, "limit": INT64_MIN + 4, "interval": 0}],
+)  # fmt: skip
+def test_write_units_refuses_a_row_it_cannot_write(row: dict) -> None:
+    """Was: interval 0 trapped (SIGFPE) and a unit below FILE_FIRST was written before
+    the mapping. Now such a unit is left to the slow path (index 0 returned)."""
+    assert NATIVE is not None
+    units, times, blocks = np.zeros(80, np.uint8), np.zeros(4, np.int64), np.zeros(4, np.int64)
+    values = {"interval": 2, "file_first": 0, "next": 0, "limit": 4, "last_clog": -1, **row}
+    table = _tail_row(units, times, blocks, **values)[None, :].copy()
+    offset = np.array([values["next"]], np.int64)
+    stop = NATIVE.write_units(
+        table, np.zeros(1, np.int32), offset, np.array([10], np.int64),
+        np.array([100], np.int32), np.zeros(1, np.int64), np.ones(1, np.int64), 0,
+    )  # fmt: skip
+    assert stop == 0
+    assert not units.any() and not times.any() and not blocks.any()
+
+
+# -------------------------------------------------------------- the C copy of the layout
+
+
+def test_layout_mismatch_is_an_import_error_naming_the_field() -> None:
+    """commitlog/native.py compares the C module's LAYOUT with record.py at import; a
+    module built from another layout is refused, naming what differs."""
+    from types import SimpleNamespace
+
+    from commitlog.native import LayoutMismatchError, check_layout
+
+    good = dict(record.LAYOUT)
+    check_layout(SimpleNamespace(__name__="fake", LAYOUT=good), record.LAYOUT, "record.py")
+    stale = SimpleNamespace(__name__="fake", LAYOUT={**good, "AT_FLAGS": 53})
+    with pytest.raises(LayoutMismatchError, match="AT_FLAGS: C 53 != Python 52"):
+        check_layout(stale, record.LAYOUT, "record.py")
+    with pytest.raises(ImportError, match=r"older _native\.c"):
+        check_layout(SimpleNamespace(__name__="fake"), record.LAYOUT, "record.py")
+
+
+@native
+def test_c_layout_is_record_py_layout() -> None:
+    assert NATIVE is not None
+    assert {name: NATIVE.LAYOUT[name] for name in record.LAYOUT} == record.LAYOUT
+    assert record.LAYOUT["AT_TAG_LEN"] == record.HEADER_SIZE - 1
+
+
+# ---------------------------------------------- crafted ConsumeQueue units through get()
+
+_CRAFTED_UNITS = """
+import random, struct, sys
+from pathlib import Path
+from commitlog.errors import CorruptDataError
+from mqstore import MessageStore, StoreConfig
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+FILE = 64 * 1024
+config = StoreConfig(prewarm=False, commitlog_file_size_bytes=FILE)
+root, extra = Path(sys.argv[1]), int(sys.argv[2])
+body = lambda i: bytes([i % 256]) * 1000
+with MessageStore.open(root, config) as store:
+    store.create_topic("t", partitions=1)
+    store.put_batch("t", 0, [body(i) for i in range(100)])
+unit_file = root / "consumequeue" / "t" / "0" / ("0" * 20)
+pristine = unit_file.read_bytes()
+units = [struct.unpack_from("<qi", pristine, i * 20) for i in range(100)]
+second = next(i for i, (p, _) in enumerate(units) if p >= FILE)  # first unit of file 2
+end = units[-1][0] + units[-1][1]
+cases = [(2, p, s) for p, s in [
+    (INT64_MAX - 100, 200), (INT64_MAX, 2**31 - 1), (INT64_MAX - 67, 68), (INT64_MIN, 100),
+    (INT64_MIN + 5, 1071), (-1, 1071), (end + 10, 1071), (units[2][0], 2**31 - 1),
+    (units[2][0], 68), (FILE - 100, 1071), (units[3][0], 1071), (units[2][0] + 1, 1071),
+    (units[2][0], -5), (units[2][0], 0),
+]] + [(second + 1, p, s) for p, s in [
+    (INT64_MIN + 5, 1071), (INT64_MIN + FILE, 1071), (INT64_MAX - 5, 1071), (-1, 1071),
+    (FILE - 10, 1071),
+]]
+rng = random.Random(13)
+for _ in range(extra):
+    near = rng.choice([INT64_MIN, INT64_MAX, -1, 0, end, FILE])
+    position = min(INT64_MAX, max(INT64_MIN, near + rng.randrange(-2**32, 2**32)))
+    cases.append((rng.randrange(100), position, rng.randrange(-2**31, 2**31)))
+outcomes = {"corrupt": 0, "right": 0}
+for index, position, size in cases:
+    data = bytearray(pristine)
+    struct.pack_into("<qi", data, index * 20, position, size)
+    unit_file.write_bytes(bytes(data))
+    print("case", index, position, size, flush=True)  # the last line names a crash
+    try:
+        store = MessageStore.open(root, config)
+    except CorruptDataError:
+        outcomes["corrupt"] += 1
+        continue
+    with store:
+        for start in (0, max(0, index - 1), index):
+            try:
+                got = store.get("t", 0, start, 100)
+            except CorruptDataError:
+                outcomes["corrupt"] += 1
+                continue
+            # No error: then only right answers (the unit was dropped as a torn tail).
+            assert [bytes(m.body) for m in got] == [body(start + i) for i in range(len(got))]
+            outcomes["right"] += 1
+print("outcomes", outcomes, len(cases), flush=True)
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_get_over_crafted_consumequeue_units_is_corrupt_data_not_a_crash(tmp_path, pure) -> None:
+    """Units whose positions and sizes lie past the CommitLog, are huge, or negative as
+    int64 (and wrap when the file's start is subtracted) make get() raise
+    CorruptDataError; before the C checks, the first one killed the process (SIGSEGV
+    in verify_records). In a subprocess, so that a crash fails this test instead of
+    killing the runner."""
+    if not pure and NATIVE is None:
+        pytest.skip("commitlog._native is not built")
+    env = dict(os.environ)
+    if pure:
+        env["MQSTORE_PURE_PYTHON"] = "1"
+        env.pop("MQSTORE_REQUIRE_NATIVE", None)
+    else:
+        env.pop("MQSTORE_PURE_PYTHON", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _CRAFTED_UNITS, str(tmp_path / "s"), "40"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    tail = (done.stdout[-600:], done.stderr[-2000:])
+    assert done.returncode == 0, f"exit {done.returncode} (a negative one is a signal): {tail}"
+    assert "outcomes" in done.stdout, tail

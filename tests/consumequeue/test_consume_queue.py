@@ -159,6 +159,26 @@ def test_gap_raises(open_store: StoreFactory) -> None:
     assert queue.max_offset == 3
 
 
+def test_a_queue_retention_emptied_resumes_past_a_gap(open_store: StoreFactory) -> None:
+    """Regression (power-loss harness): retention deleted CommitLog files past the
+    checkpoint's dispatched claim, durably, while the units of those files were not
+    yet synced. Re-dispatch then resumes the queue at a higher offset; that gap holds
+    only offsets whose records are gone, so it is allowed, and only then."""
+    store = open_store()
+    queue = store.queue("t", 0)
+    fill(queue, 0, UPF + 3)
+    queue.correct_min_offset(cl_of(UPF + 3))  # every unit is below the log start
+    assert queue.min_offset == queue.max_offset == UPF + 3
+    resume = 3 * UPF + 2
+    queue.put(resume, cl_of(resume), 10, 0, 0)
+    assert (queue.min_offset, queue.max_offset) == (resume, resume + 1)
+    assert unit_tuple(queue.get(resume))[0] == cl_of(resume)
+    with pytest.raises(InvalidArgumentError, match="gap"):  # a live queue never skips
+        queue.put(resume + 3, cl_of(resume + 3), 10, 0, 0)
+    reopened = open_store().queue("t", 0)
+    assert (reopened.min_offset, reopened.max_offset) == (resume, resume + 1)
+
+
 def test_commitlog_offsets_must_increase(open_store: StoreFactory) -> None:
     queue = open_store().queue("t", 0)
     fill(queue, 0, 3)

@@ -1,0 +1,527 @@
+"""Fuzz every function of commitlog._native with hostile arguments.
+
+Offsets and sizes negative, huge, or chosen so that ``at + size`` wraps past 2**63;
+buffers too short; arrays of the wrong item size; crafted records (header fields
+rewritten after the checksum) and ConsumeQueue units; block intervals of 0. The
+property is the same everywhere: the C function returns, or raises ValueError,
+TypeError or OverflowError, and never touches memory outside its arguments. Where
+the arguments have the types the pure-Python twin in commitlog/record.py takes, the
+two must also agree (same result, same bytes written, or both raise).
+
+Memory errors do not always crash; scripts/sanitize.sh runs this module under
+AddressSanitizer and UndefinedBehaviorSanitizer, which turn each into a failure.
+``MQSTORE_FUZZ_EXAMPLES`` sets the examples per function (default 100), and
+``MQSTORE_FUZZ_REPORT`` names a JSON file that gets the inputs tried per function.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from commitlog import record
+from commitlog.native import NATIVE
+
+pytestmark = pytest.mark.skipif(NATIVE is None, reason="commitlog._native is not built")
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+EXAMPLES = int(os.environ.get("MQSTORE_FUZZ_EXAMPLES", "100"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,  # sanitizer builds run 2-5x slower
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+#: What a C function may raise for a bad argument (anything else is a bug).
+C_ERRORS = (ValueError, TypeError, OverflowError)
+#: What the Python twins raise for the same (struct.error for a field out of range; an
+#: AssertionError where a twin asserts what its callers guarantee).
+PY_ERRORS = (ValueError, TypeError, OverflowError, IndexError, struct.error, AssertionError)
+TRIED: collections.Counter[str] = collections.Counter()  # calls of each C function
+ACCEPTED: collections.Counter[str] = collections.Counter()  # of which returned (no raise)
+
+#: int64 values that break naive bound checks: the extremes, their neighbours, the
+#: int32/uint32 edges, and small values around 0.
+EDGES = (
+    0, 1, -1, 16, 67, 68, INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1, INT64_MAX - 67,
+    INT64_MAX - 100, 2**31 - 1, 2**31, -(2**31), 2**32 - 1, 2**32, 2**32 + 71,
+)  # fmt: skip
+i64 = (
+    st.sampled_from(EDGES)
+    | st.integers(-300, 300)
+    | st.integers(INT64_MIN, INT64_MAX)
+    | st.integers(INT64_MAX - 512, INT64_MAX)  # + a small size wraps
+    | st.integers(INT64_MIN, INT64_MIN + 512)  # - a small offset wraps
+)
+#: Also past int64 (an OverflowError in C, struct.error in Python).
+hostile_int = i64 | st.sampled_from([2**63, -(2**63) - 1, 2**64])
+small = st.integers(0, 400)
+
+
+def mostly(sane: st.SearchStrategy[Any], hostile: st.SearchStrategy[Any]) -> Any:
+    """``sane`` nine times in ten: one hostile argument at a time reaches the code
+    behind the first check, where all-hostile calls would stop at the first."""
+    return st.integers(0, 9).flatmap(lambda k: hostile if k == 0 else sane)
+
+
+def _call(function: Any, *args: Any, errors: tuple[type[BaseException], ...] = C_ERRORS) -> Any:
+    """("ok", result) or ("raised", the exception type); other exceptions propagate."""
+    try:
+        return ("ok", function(*args))
+    except errors as error:
+        return ("raised", type(error))
+
+
+def _c(name: str, *args: Any) -> Any:
+    """Call NATIVE.<name> through _call, counting the input and whether C took it."""
+    TRIED[name] += 1
+    out = _call(getattr(NATIVE, name), *args)
+    ACCEPTED[name] += out[0] == "ok"
+    return out
+
+
+def _agree(c_out: Any, py_out: Any) -> None:
+    assert c_out[0] == py_out[0], (c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_out[1] == py_out[1]
+
+
+def _int64_array(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def _arrays(count: int, dtype: Any) -> st.SearchStrategy[np.ndarray]:
+    """An array of ``count`` items, or one short, or of another item size."""
+    other = np.int32 if np.dtype(dtype).itemsize == 8 else np.int64
+    return st.sampled_from(
+        [np.zeros(count, dtype), np.zeros(max(0, count - 1), dtype), np.zeros(count, other)]
+    )
+
+
+@st.composite
+def crafted_records(draw: st.DrawFn) -> tuple[bytearray, list[int], list[int]]:
+    """Valid records one after another, then one header field of one record rewritten
+    (after its checksum, so only the C checks stand between it and a wild read), a
+    flipped byte, or a cut. Returns the buffer, record positions and sizes."""
+    count = draw(st.integers(1, 4))
+    topic = draw(st.sampled_from([b"t", b"topic", b"x" * 127]))
+    items = []
+    for _ in range(count):
+        body = draw(st.binary(max_size=80))
+        tag = draw(st.sampled_from([b"", b"tag", "é".encode()]))
+        items.append((record.HEADER_SIZE + len(topic) + len(tag) + len(body), tag, body))
+    buffer = bytearray(sum(item[0] for item in items) + draw(st.integers(0, 40)))
+    positions, sizes, at = [], [], 0
+    for index, (size, tag, body) in enumerate(items):
+        record.encode_into_py(buffer, at, at, size, index, 1, 1, 0, 0, topic, tag, b"", b"", body)
+        positions.append(at)
+        sizes.append(size)
+        at += size
+    damage = draw(st.sampled_from(["none", "field", "flip", "cut"]))
+    victim = draw(st.integers(0, count - 1))
+    if damage == "field":
+        name, code = draw(
+            st.sampled_from([
+                ("AT_TOTAL_SIZE", "<I"), ("AT_MAGIC", "<I"), ("AT_PHYSICAL_OFFSET", "<q"),
+                ("AT_FLAGS", "<I"), ("AT_BODY_LEN", "<I"), ("AT_PROPERTIES_LEN", "<I"),
+                ("AT_KEYS_LEN", "<H"), ("AT_TOPIC_LEN", "<B"), ("AT_TAG_LEN", "<B"),
+            ])
+        )  # fmt: skip
+        width = struct.calcsize(code)
+        value = draw(st.integers(0, (1 << (8 * width)) - 1))
+        if code == "<q":
+            value -= 1 << 63
+        struct.pack_into(code, buffer, positions[victim] + record.LAYOUT[name], value)
+    elif damage == "flip" and buffer:
+        buffer[draw(st.integers(0, len(buffer) - 1))] ^= 1 << draw(st.integers(0, 7))
+    elif damage == "cut":
+        buffer = buffer[: draw(st.integers(0, len(buffer)))]
+    return buffer, positions, sizes
+
+
+# ------------------------------------------------------------------------- xxh64
+
+
+@FUZZ
+@given(st.binary(max_size=200), hostile_int, st.integers(0, 7), st.booleans())
+def test_fuzz_xxh64(data: bytes, seed: int, skip: int, as_view: bool) -> None:
+    """Misaligned views and seeds past 64 bits (masked, as the xxhash package does)."""
+    assert NATIVE is not None
+    source = memoryview(bytearray(data))[skip:] if as_view else data[skip:]
+    expected = xxhash.xxh64_intdigest(bytes(source), seed % 2**64)
+    assert _c("xxh64", source, seed) == ("ok", expected)
+    assert _c("xxh64", "not bytes", 0)[0] == "raised"
+
+
+# ------------------------------------------------------------------- encode_into
+
+
+@FUZZ
+@given(st.integers(0, 200), st.data())
+def test_fuzz_encode_into(slack: int, data: st.DataObject) -> None:
+    """Positions and sizes that wrap; sections that do not add up or overflow their
+    length fields. A refusal leaves the buffer as it was."""
+    assert NATIVE is not None
+    topic = data.draw(mostly(st.binary(min_size=1, max_size=20), st.binary(max_size=300)))
+    tag = data.draw(mostly(st.binary(max_size=20), st.binary(max_size=300)))
+    keys, props = data.draw(st.binary(max_size=20)), data.draw(st.binary(max_size=20))
+    body = data.draw(st.binary(max_size=100))
+    exact = record.HEADER_SIZE + len(topic) + len(tag) + len(keys) + len(props) + len(body)
+    total = data.draw(mostly(st.just(exact), st.sampled_from([exact + 1, exact - 1]) | i64))
+    length = data.draw(st.integers(0, exact + slack))
+    position = data.draw(mostly(st.integers(0, max(0, length - exact)), hostile_int))
+    queue_id = data.draw(mostly(st.integers(0, 2**31 - 1), hostile_int))
+    flags = data.draw(mostly(st.integers(0, 1), hostile_int))
+    fields = data.draw(st.lists(mostly(st.integers(0, 2**40), i64), min_size=3, max_size=3))
+    args = (position, fields[0], total, fields[1], fields[2], 5, queue_id, flags,
+            topic, tag, keys, props, body)  # fmt: skip
+    buffer = bytearray(length)
+    outcome = _c("encode_into", buffer, *args)
+    if outcome[0] == "raised":
+        assert buffer == bytearray(length)
+        return
+    twin = bytearray(length)
+    record.encode_into_py(twin, *args)
+    assert buffer == twin
+
+
+# --------------------------------------------------------------- the batch encoders
+
+
+@st.composite
+def places(draw: st.DrawFn, count: int) -> tuple[int, int, int, int, int, int, int]:
+    """(in_file, file_size, physical, first_queue_offset, queue_id, start, buffer
+    length): mostly sane, each, else hostile."""
+    file_size = draw(mostly(st.integers(100, 900), i64))
+    in_file = draw(mostly(st.integers(0, 100), i64))
+    physical = draw(mostly(st.integers(0, 10_000), i64))
+    queue_offset = draw(mostly(st.integers(0, 10_000), i64))
+    queue_id = draw(mostly(st.integers(0, 8), i64))
+    start = draw(mostly(st.integers(0, count), i64))
+    sane_length = st.integers(max(0, min(file_size, 1000)), 1000)
+    length = draw(mostly(sane_length, st.integers(0, 1000)))
+    return in_file, file_size, physical, queue_offset, queue_id, start, length
+
+
+@st.composite
+def encoded_items(draw: st.DrawFn) -> list[Any]:
+    """record.py's per-record tuples, some of them lying about their size or flags,
+    some not tuples at all."""
+    items: list[Any] = []
+    for _ in range(draw(st.integers(0, 5))):
+        tag = draw(mostly(st.binary(max_size=20), st.binary(max_size=300)))
+        keys, props = draw(st.binary(max_size=10)), draw(st.binary(max_size=10))
+        body = draw(st.binary(max_size=120))
+        exact = record.HEADER_SIZE + 1 + len(tag) + len(keys) + len(props) + len(body)
+        size = draw(mostly(st.just(exact), st.just(exact + 1) | hostile_int))
+        flags = draw(mostly(st.sampled_from([0, record.FLAG_NULL_BODY]), hostile_int))
+        born = draw(mostly(st.none() | st.integers(0, 2**40), hostile_int))
+        item: Any = (size, flags, tag, keys, props, body, born)
+        items.append(draw(mostly(st.just(item), st.sampled_from([item[:6], list(item), "x"]))))
+    return items
+
+
+def _encode_both(name: str, py_run: Any, length: int, positions: Any, args: tuple,
+                 twin_comparable: bool) -> None:  # fmt: skip
+    """Run the C encoder and, where comparable, the twin, on fresh buffers."""
+    buffer, c_positions = bytearray(length), positions.copy()
+    c_out = _c(name, buffer, *args, c_positions)
+    if not twin_comparable:
+        return
+    twin, py_positions = bytearray(length), positions.copy()
+    py_out = _call(py_run, twin, *args, py_positions, errors=PY_ERRORS)
+    _agree(c_out, py_out)
+    if c_out[0] == "ok":
+        assert (buffer, c_positions.tolist()) == (twin, py_positions.tolist())
+
+
+@FUZZ
+@given(encoded_items(), st.data())
+def test_fuzz_encode_run(items: list, data: st.DataObject) -> None:
+    assert NATIVE is not None
+    place = data.draw(places(len(items)))
+    length = place[6]
+    positions = data.draw(mostly(st.just(np.zeros(len(items), np.int64)),
+                                 _arrays(len(items), np.int64)))  # fmt: skip
+    args = (*place[:4], 9, place[4], b"t", items, place[5])
+    comparable = positions.dtype == np.int64 and all(type(item) is tuple for item in items)
+    _encode_both("encode_run", record.encode_run_py, length, positions, args,
+                 comparable and all(len(item) == 7 for item in items))  # fmt: skip
+
+
+bodies_lists = st.lists(
+    mostly(
+        st.binary(max_size=120)
+        | st.none()
+        | st.binary(max_size=50).map(bytearray)
+        | st.binary(max_size=50).map(memoryview),
+        st.sampled_from(["text", 7, object()]),
+    ),
+    max_size=6,
+)
+
+
+@FUZZ
+@given(bodies_lists, mostly(st.integers(68, 400), hostile_int),
+       mostly(st.integers(0, 600), hostile_int), st.data())  # fmt: skip
+def test_fuzz_check_bodies(bodies: list, fixed: int, limit: int, data: st.DataObject) -> None:
+    assert NATIVE is not None
+    sizes = data.draw(mostly(st.just(np.zeros(len(bodies), np.int32)),
+                             _arrays(len(bodies), np.int32)))  # fmt: skip
+    c_sizes, py_sizes = sizes.copy(), sizes.copy()
+    c_out = _c("check_bodies", bodies, fixed, limit, c_sizes)
+    if sizes.dtype == np.int32 and len(sizes) == len(bodies) and c_out[0] == "ok":
+        py_out = _call(record.check_bodies_py, bodies, fixed, limit, py_sizes, errors=PY_ERRORS)
+        _agree(c_out, py_out)
+        done = len(bodies) if c_out[1] < 0 else c_out[1]
+        assert c_sizes[:done].tolist() == py_sizes[:done].tolist()
+
+
+@FUZZ
+@given(bodies_lists, mostly(st.sampled_from([b"", b"tag"]), st.just(b"x" * 256)), st.data())
+def test_fuzz_encode_bodies(bodies: list, tag: bytes, data: st.DataObject) -> None:
+    assert NATIVE is not None
+    place = data.draw(places(len(bodies)))
+    length = place[6]
+    positions = data.draw(mostly(st.just(np.zeros(len(bodies), np.int64)),
+                                 _arrays(len(bodies), np.int64)))  # fmt: skip
+    born = data.draw(mostly(st.integers(0, 2**40), i64))
+    args = (*place[:4], 9, born, place[4], b"t", tag, bodies, place[5])
+    _encode_both("encode_bodies", record.encode_bodies_py, length, positions, args,
+                 positions.dtype == np.int64)  # fmt: skip
+
+
+@FUZZ
+@given(st.binary(max_size=200), st.data())
+def test_fuzz_encode_slices(payload: bytes, data: st.DataObject) -> None:
+    """Offsets that go backwards, below 0 or past the data; nulls and borns short."""
+    assert NATIVE is not None
+    count = data.draw(st.integers(0, 5))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(payload)), min_size=count + 1,
+                                     max_size=count + 1)))  # fmt: skip
+    valid = data.draw(mostly(st.just(True), st.booleans()))
+    offsets = _int64_array(cuts if valid else data.draw(st.lists(i64, max_size=count + 1)))
+    count = max(0, len(offsets) - 1)
+    nulls = data.draw(
+        mostly(st.none() | st.just(np.ones(count, np.uint8)), _arrays(count, np.uint8))
+    )
+    borns = data.draw(mostly(st.none() | st.just(np.arange(count, dtype=np.int64)),
+                             _arrays(count, np.int64)))  # fmt: skip
+    place = data.draw(places(count))
+    length = place[6]
+    positions = data.draw(mostly(st.just(np.zeros(count, np.int64)), _arrays(count, np.int64)))
+    args = (*place[:4], 9, 11, place[4], b"t", b"", offsets, payload, nulls, borns, place[5])
+    comparable = (
+        valid
+        and positions.dtype == np.int64
+        and (nulls is None or (len(nulls) == count and nulls.dtype == np.uint8))
+        and (borns is None or (len(borns) == count and borns.dtype == np.int64))
+    )
+    _encode_both("encode_slices", record.encode_slices_py, length, positions, args,
+                 comparable)  # fmt: skip
+
+
+# --------------------------------------------------------------------- the readers
+
+
+_SCAN_DTYPES = (np.int64, np.int32, np.int64, np.int32, np.int64, np.uint8, np.uint64)
+
+
+@FUZZ
+@given(crafted_records(), st.data())
+def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
+    """Crafted headers (sizes past the end, lengths that do not add up, wrong physical
+    offsets), hostile start/limit/file_start, short or mistyped outputs."""
+    assert NATIVE is not None
+    buffer, _, _ = crafted
+    start = data.draw(mostly(st.sampled_from([0, len(buffer)]), i64))
+    limit = data.draw(mostly(st.integers(0, len(buffer)), i64))
+    file_start = data.draw(mostly(st.just(0), i64))
+    capacity = data.draw(st.integers(0, 6))
+    short = data.draw(mostly(st.just(-1), st.integers(0, 6)))  # a column made short
+    columns = [np.zeros(capacity, dtype) for dtype in _SCAN_DTYPES]
+    if 0 <= short < len(columns) and capacity:
+        columns[short] = columns[short][:-1]
+    mistyped = data.draw(mostly(st.just(False), st.booleans())) and capacity > 0
+    if mistyped:
+        columns[1] = np.zeros(capacity, np.int64)
+    outputs = []
+    for twin in (False, True):
+        copies = [column.copy() for column in columns]
+        if twin:
+            out = _call(record.scan_records_py, buffer, start, limit, file_start, *copies,
+                        errors=PY_ERRORS)  # fmt: skip
+        else:
+            out = _c("scan_records", buffer, start, limit, file_start, *copies)
+        outputs.append((out, [c.tolist() for c in copies]))
+    if not mistyped:
+        _agree(outputs[0][0], outputs[1][0])
+        if outputs[0][0][0] == "ok":
+            count = outputs[0][0][1][1]
+            assert [c[:count] for c in outputs[0][1]] == [c[:count] for c in outputs[1][1]]
+
+
+@FUZZ
+@given(crafted_records(), st.data())
+def test_fuzz_verify_records(crafted: tuple, data: st.DataObject) -> None:
+    """Positions and sizes as ConsumeQueue units on disk could hold them: pointing
+    past the buffer, negative, or wrapping when added."""
+    assert NATIVE is not None
+    buffer, positions, sizes = crafted
+    extra = data.draw(st.lists(st.tuples(i64, i64), max_size=3))
+    where = data.draw(st.integers(0, len(positions)))
+    positions = positions[:where] + [p for p, _ in extra] + positions[where:]
+    sizes = sizes[:where] + [s for _, s in extra] + sizes[where:]
+    p, z = _int64_array(positions), _int64_array(sizes)
+    c_out = _c("verify_records", buffer, p, z)
+    _agree(c_out, _call(record.verify_records_py, buffer, p, z, errors=PY_ERRORS))
+    assert _call(NATIVE.verify_records, buffer, p, _int64_array([*sizes, 1]))[0] == "raised"
+
+
+@FUZZ
+@given(st.binary(max_size=200),
+       st.lists(st.tuples(small | i64, mostly(st.integers(0, 100), i64)), max_size=5),
+       st.integers(0, 300))  # fmt: skip
+def test_fuzz_gather(source: bytes, slices: list, out_length: int) -> None:
+    """Slices that wrap, lengths whose sum wraps, an ``out`` too short."""
+    assert NATIVE is not None
+    starts, lengths = _int64_array([a for a, _ in slices]), _int64_array([n for _, n in slices])
+    c_target, py_target = bytearray(out_length), bytearray(out_length)
+    c_out = _c("gather", source, starts, lengths, c_target)
+    py_out = _call(record.gather_py, source, starts, lengths, py_target, errors=PY_ERRORS)
+    _agree(c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_target == py_target
+    else:
+        assert c_target == bytearray(out_length)  # checked before any copy
+
+
+# -------------------------------------------------------------------- write_units
+
+_CAPACITY = 6  # units each fuzzed row's arrays hold
+
+
+def _write_units_model(table: np.ndarray, files: list, columns: list, start: int) -> int:
+    """write_units in Python, on ``files`` (units, times, blocks per row) instead of
+    raw addresses: the rule the C loop follows."""
+    from consumequeue import tail_writer as tw
+
+    slots, qoffs, clogs, sizes, tags, times = (c.tolist() for c in columns)
+    for i in range(start, len(slots)):
+        if not 0 <= slots[i] < len(table):
+            return i
+        row = table[slots[i]]
+        offset = qoffs[i]
+        if (row[tw._UNITS_ADDR] == 0 or row[tw._INTERVAL] <= 0 or offset != row[tw._NEXT]
+                or not row[tw._FILE_FIRST] <= offset < row[tw._LIMIT]):  # fmt: skip
+            return i
+        index = offset - int(row[tw._FILE_FIRST])
+        if index > 0xFFFF_FFFF or clogs[i] <= row[tw._LAST_CLOG] or sizes[i] <= 0:
+            return i
+        units, stamps, blocks = files[slots[i]]
+        stamps[index] = times[i]
+        block = index // int(row[tw._INTERVAL])
+        blocks[block] = max(int(blocks[block]), times[i])
+        units[index * 20 : index * 20 + 20] = np.frombuffer(
+            struct.pack("<qiq", clogs[i], sizes[i], tags[i]), np.uint8
+        )
+        row[tw._NEXT] = offset + 1
+        row[tw._LAST_CLOG] = clogs[i]
+    return len(slots)
+
+
+@st.composite
+def tail_rows(draw: st.DrawFn) -> dict[str, int]:
+    """A row's columns: hostile interval, first offset, next and last offset, with
+    LIMIT - FILE_FIRST <= _CAPACITY (the one thing the tail writer vouches for with
+    the mapping it holds), or LIMIT below FILE_FIRST."""
+    file_first = draw(i64)
+    span = draw(st.integers(-3, _CAPACITY))
+    limit = min(INT64_MAX, max(INT64_MIN, file_first + span))
+    near = draw(st.integers(-2, _CAPACITY + 1))
+    next_offset = draw(st.just(min(INT64_MAX, max(INT64_MIN, file_first + near))) | i64)
+    return {
+        "interval": draw(st.integers(1, 3) | i64),
+        "file_first": file_first,
+        "next": next_offset,
+        "limit": limit,
+        "last_clog": draw(st.just(-1) | i64),
+        "attached": draw(st.booleans() | st.just(True)),
+    }
+
+
+@FUZZ
+@given(st.lists(tail_rows(), min_size=1, max_size=3), st.data())
+def test_fuzz_write_units(rows: list, data: st.DataObject) -> None:
+    """Intervals of 0 and below, units below FILE_FIRST or past LIMIT, offsets whose
+    differences wrap, slots outside the table, sizes <= 0, a bad start: C writes
+    exactly what the model writes, and nothing outside the rows' arrays."""
+    from consumequeue import tail_writer as tw
+
+    assert NATIVE is not None
+    count = data.draw(st.integers(0, 8))
+    slots = np.array(data.draw(st.lists(st.integers(-1, len(rows)), min_size=count,
+                                        max_size=count)), np.int32)  # fmt: skip
+    guesses = [row["next"] for row in rows] + [0]
+    qoffs = _int64_array(data.draw(st.lists(st.sampled_from(guesses) | i64, min_size=count,
+                                            max_size=count)))  # fmt: skip
+    clogs = _int64_array(data.draw(st.lists(i64, min_size=count, max_size=count)))
+    sizes = np.array(data.draw(st.lists(st.integers(-2, 2**31 - 1), min_size=count,
+                                        max_size=count)), np.int32)  # fmt: skip
+    tags = _int64_array(data.draw(st.lists(i64, min_size=count, max_size=count)))
+    times = _int64_array(data.draw(st.lists(i64, min_size=count, max_size=count)))
+    start = data.draw(st.integers(0, count) | i64)
+    results = []
+    for runner in ("c", "model"):
+        files = [(np.zeros(_CAPACITY * 20, np.uint8), np.zeros(_CAPACITY, np.int64),
+                  np.zeros(_CAPACITY, np.int64)) for _ in rows]  # fmt: skip
+        table = np.zeros((len(rows), tw._COLUMNS), np.int64)
+        for slot, (row, (units, stamps, blocks)) in enumerate(zip(rows, files, strict=True)):
+            table[slot, tw._UNITS_ADDR] = units.ctypes.data if row["attached"] else 0
+            table[slot, tw._TIMES_ADDR] = stamps.ctypes.data
+            table[slot, tw._BLOCKS_ADDR] = blocks.ctypes.data
+            for name, column in (("interval", tw._INTERVAL), ("file_first", tw._FILE_FIRST),
+                                 ("next", tw._NEXT), ("limit", tw._LIMIT),
+                                 ("last_clog", tw._LAST_CLOG)):  # fmt: skip
+                table[slot, column] = row[name]
+        columns = [slots, qoffs, clogs, sizes, tags, times]
+        if runner == "c":
+            out = _c("write_units", table, *columns, start)
+        elif 0 <= start <= count:
+            out = ("ok", _write_units_model(table, files, columns, start))
+        else:
+            out = ("raised", ValueError)
+        kept = np.delete(table, [tw._UNITS_ADDR, tw._TIMES_ADDR, tw._BLOCKS_ADDR], axis=1)
+        results.append((out, kept.tolist(), [[a.tolist() for a in f] for f in files]))
+    assert results[0] == results[1]
+    bad_table = np.zeros((1, tw._COLUMNS + 1), np.int64)  # not a whole number of rows
+    assert _call(NATIVE.write_units, bad_table, *columns, 0)[0] == "raised"
+
+
+# --------------------------------------------------------------------- the tally
+
+
+def test_zz_every_native_function_was_fuzzed() -> None:
+    """Print (and with MQSTORE_FUZZ_REPORT, save) the inputs tried per function; when
+    the whole module ran, every function the C module exports must be among them."""
+    assert NATIVE is not None
+    exported = sorted(
+        name for name in dir(NATIVE) if not name.startswith("_") and callable(getattr(NATIVE, name))
+    )
+    tally = {name: {"tried": TRIED[name], "accepted": ACCEPTED[name]} for name in sorted(TRIED)}
+    print("\nfuzz inputs per native function (accepted: C returned, not raised):", tally)
+    report = os.environ.get("MQSTORE_FUZZ_REPORT")
+    if report:
+        with open(report, "w") as out:
+            json.dump({"examples_setting": EXAMPLES, "functions": tally}, out, indent=1)
+    if len(TRIED) < 2:
+        pytest.skip("run the whole module to check coverage")
+    assert sorted(TRIED) == exported

@@ -1,0 +1,104 @@
+"""The power-loss harness as a test: a short run of PowerFS cuts under the crash
+harness's workload, every acknowledged message checked.
+
+``make powerloss`` runs 200 cuts and prints the figures. Skipped without /dev/fuse or
+mfusepy, unless MQSTORE_REQUIRE_FUSE=1 (``make test``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.powerfs import available
+from bench.powerloss import LOSS_WINDOW_MS, PowerHarness, run
+
+REASON = available()
+REQUIRED = os.environ.get("MQSTORE_REQUIRE_FUSE") == "1"
+needs_fuse = pytest.mark.skipif(
+    REASON is not None and not REQUIRED, reason=f"PowerFS cannot run here: {REASON}"
+)
+CUTS = 16  # about 30 s on this 2-core machine: 8 sync and 8 async cuts
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> PowerHarness:
+    """One short run shared by the assertions below (about 30 s)."""
+    return run(CUTS, seed=SEED, path=str(tmp_path_factory.mktemp("powerloss")))
+
+
+@needs_fuse
+def test_power_cuts_lose_no_acknowledged_sync_record_and_corrupt_nothing(short_run):
+    harness = short_run
+    figures, power = harness.figures, harness.power
+    problems = figures.problems
+    assert power.cuts == CUTS
+    assert figures.acked_messages > 1_000  # the workload really ran
+    assert figures.acked_checks > 0
+    assert power.dirty_pages > 0  # the cuts really lost data
+    assert figures.losses == 0, problems  # under sync flush, and anything older
+    assert figures.corrupt_reads == 0, problems
+    assert figures.wrong_content == 0, problems
+    assert figures.gaps == 0, problems
+    assert figures.duplicates == 0, problems
+    assert figures.commit_violations == 0, problems
+    assert figures.key_misses == 0, problems
+    assert power.async_cuts_with_loss > 0  # the simulation is real: async loses its tail
+
+
+@needs_fuse
+@pytest.mark.xfail(
+    reason="open defect (issue 13): ConsumeQueue and index pages written after the "
+    "checkpoint's dispatched claim can be torn by a power cut, and open refuses "
+    "(CorruptDataError) instead of cutting them back and re-dispatching",
+    strict=False,
+)
+def test_every_power_cut_reopens(short_run):
+    harness = short_run
+    assert harness.power.refusals == 0, harness.figures.problems
+    assert harness.figures.child_failures == 0, harness.figures.problems
+
+
+@needs_fuse
+@pytest.mark.xfail(
+    reason="open (issue 13): the tail is checked in acknowledgement order, which two "
+    "writer threads interleave differently from log order, and PowerFS's flushes lag "
+    "past the 1.5 s window on a loaded machine; the bound needs log positions",
+    strict=False,
+)
+def test_async_losses_stay_within_the_bound(short_run):
+    power = short_run.power
+    assert power.async_bound_violations == 0, short_run.figures.problems
+    assert power.async_loss_age_ms_max <= LOSS_WINDOW_MS
+
+
+@needs_fuse
+def test_the_control_run_loses_nothing(tmp_path):
+    """Cuts that keep everything: any violation would be the harness's own."""
+    harness = run(2, seed=SEED, path=str(tmp_path), lose="nothing")
+    assert harness.power.cuts == 2
+    assert harness.figures.acked_checks > 0
+    assert harness.power.async_lost == 0
+    assert not harness.failed, harness.figures.problems
+
+
+def test_the_tail_check_can_fail(tmp_path):
+    """A loss that is not the child's last acks, or too old, is a violation."""
+    harness = PowerHarness(str(tmp_path), seed=1)
+    harness.kill_time = 100.0
+    acks = [("crash", 0, offset) for offset in range(4)]
+    harness.child_acks = {where: (order, 99.9) for order, where in enumerate(acks)}
+    harness.cut_lost = acks[2:]  # the tail, 100 ms old: allowed
+    harness._check_tail()
+    assert harness.power.async_bound_violations == 0
+    assert harness.power.async_lost == 2
+    harness.cut_lost = acks[1:2]  # acks 2 and 3 kept after a lost 1: not a tail
+    harness._check_tail()
+    assert harness.power.async_bound_violations == 1
+    harness.child_acks[acks[3]] = (3, 100.0 - (LOSS_WINDOW_MS + 1) / 1000)
+    harness.cut_lost = acks[3:]  # the tail, but older than the window
+    harness._check_tail()
+    assert harness.power.async_bound_violations == 2
+    assert harness.failed
