@@ -34,6 +34,8 @@ Threading: every method holds the store lock (an RLock shared with the file cach
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,11 +47,13 @@ from commitlog.errors import (
     StoreClosedError,
 )
 from consumequeue.format import (
+    TIME_FILE_SUFFIX,
     TIMESTAMP,
     TIMESTAMP_SIZE_BYTES,
     UNIT,
     UNIT_SIZE_BYTES,
     block_max_position_bytes,
+    parse_unit_file_name,
 )
 from consumequeue.mapped_file import block_maxima
 from consumequeue.queue_files import QueueContext, QueueFiles
@@ -66,6 +70,10 @@ from consumequeue.unit_batch import (
 __all__ = ["ConsumeQueue"]
 
 log = logging.getLogger(__name__)
+
+#: verify(commitlog_offset, size, queue_offset): is the record there this queue's?
+UnitVerifier = Callable[[int, int, int], bool]
+DAMAGED_FILE_DROPS_MAX = 8  # unreadable files dropped per queue before it counts as corrupt
 
 
 class ConsumeQueue:
@@ -379,6 +387,90 @@ class ConsumeQueue:
                 return
             cut = self._search_commitlog(commitlog_end, self._first_offset, self._max_offset)
             self._truncate(cut)
+
+    def recover_tail(self, commitlog_claim: int, commitlog_min: int, verify: UnitVerifier) -> int:
+        """After a power cut: keep the units the checkpoint vouches for, drop the rest.
+
+        Every unit of a record before ``commitlog_claim`` (the checkpoint's dispatched
+        position) was synced before the checkpoint was written, so those units, a prefix
+        of the queue, are intact. What the queue holds after them was written later and
+        may be torn, zero, or in a file whose size or name did not survive. The newest
+        intact unit is found walking back from the end: the first unit that points
+        below the claim at a record ``verify`` confirms as this queue's record at that
+        queue offset (one CommitLog read for a queue the cut did not touch). A unit
+        below ``commitlog_min`` cannot be verified (retention deleted its record): the
+        walk stops at the first such unit that is in order with the one before it, so
+        offsets are never reused (a torn one at worst skips a few). A file that cannot
+        be read at all was created after the claim (an older one would be intact) and
+        is deleted with every newer file. Re-dispatch from the claim rebuilds the rest.
+
+        Returns:
+            How many units past the kept ones were dropped (0: nothing was touched).
+        """
+        with self._ctx.lock:
+            for _ in range(DAMAGED_FILE_DROPS_MAX):
+                try:
+                    self._enter_for_write()
+                    break
+                except CorruptDataError as error:
+                    self._drop_damaged_files(error)
+            else:
+                self._enter_for_write()  # still failing: the queue is corrupt, not torn
+            if self._first_offset == self._max_offset:
+                return 0
+            end = self._file_hi * self._upf  # garbage may lie past max_offset too
+            keep = self._intact_end(commitlog_claim, commitlog_min, verify)
+            dropped = self._max_offset - keep
+            if keep < end and (dropped or self._has_units_past_max()):
+                self._max_offset = end  # so that _truncate zeroes the whole tail
+                self._truncate(keep)
+            return max(dropped, 0)
+
+    def _intact_end(self, claim: int, commitlog_min: int, verify: UnitVerifier) -> int:
+        """The end of the intact prefix (see ``recover_tail``)."""
+        offset = self._max_offset - 1
+        while offset >= self._first_offset:
+            file_index, unit_in_file = divmod(offset, self._upf)
+            units = self._files.units(file_index)
+            size = int(units.sizes[unit_in_file])
+            position = int(units.commitlog_offsets[unit_in_file])
+            if size > 0 and 0 <= position < claim:
+                if position >= commitlog_min:
+                    if verify(position, size, offset):
+                        return offset + 1
+                elif offset == self._first_offset or self._in_order_below(offset, position):
+                    return offset + 1
+            offset -= 1
+        return self._first_offset
+
+    def _in_order_below(self, offset: int, position: int) -> bool:
+        file_index, unit_in_file = divmod(offset - 1, self._upf)
+        units = self._files.units(file_index)
+        return (
+            int(units.sizes[unit_in_file]) > 0
+            and int(units.commitlog_offsets[unit_in_file]) < position
+        )
+
+    def _has_units_past_max(self) -> bool:
+        """Whether the newest file holds written units past max_offset (torn garbage
+        the binary search of ``_load`` stepped over)."""
+        newest = self._file_hi - 1
+        start = self._max_offset - newest * self._upf
+        return bool(np.any(self._files.units(newest).sizes[start:] != 0))
+
+    def _drop_damaged_files(self, error: CorruptDataError) -> None:
+        """Delete the unreadable file named by ``error`` and every newer file of this
+        queue; re-raise if the error is not about one of this queue's files."""
+        name = os.path.basename(error.path).removesuffix(TIME_FILE_SUFFIX)
+        if os.path.dirname(error.path) != self.directory:
+            raise error
+        index = parse_unit_file_name(name, self._upf, self.directory)
+        if index is None:
+            raise error
+        log.warning("%s: dropping %s and newer files after a power cut: %s", self, name, error)
+        for newer in sorted((i for i in self._files.indexes() if i >= index), reverse=True):
+            self._files.delete(newer)
+        self._loaded = False
 
     def correct_min_offset(self, commitlog_min: int) -> None:
         """Raise min_offset to the first unit whose commitlog_offset >= ``commitlog_min``

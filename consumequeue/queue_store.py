@@ -18,6 +18,8 @@ files evicted from the cache meanwhile, and the directories that gained entries.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 
 from commitlog.errors import (
@@ -157,6 +159,32 @@ class ConsumeQueueStore:
                     found.append((topic, int(name)))
         found.sort()
         return found
+
+    def recover_tails(
+        self,
+        commitlog_claim: int,
+        commitlog_min: int,
+        verify: Callable[[str, int, int, int, int], bool],
+    ) -> int:
+        """After a power cut, every queue keeps only the units the checkpoint vouches
+        for (``ConsumeQueue.recover_tail``); ``verify(topic, queue_id, commitlog_offset,
+        size, queue_offset)`` confirms a unit against its CommitLog record. Loads every
+        queue on disk, with one record read for a queue the cut did not touch.
+
+        Returns:
+            How many units were dropped, over all queues (re-dispatch rebuilds them).
+        """
+        if self.read_only:
+            raise ReadOnlyStoreError("the ConsumeQueue store is open read-only")
+        dropped = 0
+        for topic, queue_id in self.existing_queues():
+            queue = self.queue(topic, queue_id)
+            dropped += queue.recover_tail(
+                commitlog_claim,
+                commitlog_min,
+                partial(verify, topic, queue_id),
+            )
+        return dropped
 
     def truncate_beyond(self, commitlog_end: int) -> None:
         """After CommitLog recovery: every queue drops the units whose commitlog_offset

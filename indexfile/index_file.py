@@ -35,7 +35,7 @@ import errno
 import logging
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 import numpy as np
@@ -466,6 +466,27 @@ class IndexFile:
             else:
                 low = middle + 1
         return low
+
+    def intact_end(
+        self, physical_claim: int, physical_min: int, verify: Callable[[int, int], bool]
+    ) -> int:
+        """After a power cut: how many leading entries are intact (see
+        ``IndexService.recover_tail``). Walks back from the published count to the first
+        entry below ``physical_claim`` that ``verify(key_hash, physical_offset)``
+        confirms against the CommitLog; below ``physical_min`` (records retention
+        deleted) an entry in offset order with the one before it is taken as intact."""
+        begin = self._begin_offset
+        number = min(self._count, self.capacity)
+        while number >= 1:
+            key_hash_, physical_offset, _, _ = self.entry(number)
+            if begin <= physical_offset < physical_claim:
+                if physical_offset >= physical_min:
+                    if verify(key_hash_, physical_offset):
+                        return number
+                elif number == 1 or self.entry(number - 1)[1] < physical_offset:
+                    return number
+            number -= 1
+        return 0
 
     def truncate_from(self, first: int) -> None:
         """Remove entries ``first``..index_count (``first`` >= 2; the service deletes a

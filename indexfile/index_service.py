@@ -38,6 +38,7 @@ tick would leave the mtime as it was).
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import threading
@@ -48,7 +49,7 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.durable import makedirs_durable
+from commitlog.durable import fsync_directory, makedirs_durable
 from commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -70,6 +71,8 @@ from indexfile.index_file import TEMP_SUFFIX, IndexFile
 
 __all__ = ["IndexService"]
 
+log = logging.getLogger(__name__)
+
 RACY_LISTING_WINDOW_NS: Final = 1_000_000_000  # a listing this close to the mtime may miss
 # a change made in the same mtime tick; re-list until the directory has been quiet this long
 
@@ -90,6 +93,7 @@ class IndexService:
         "_lock",
         "config",
         "directory",
+        "dropped_files",
         "read_only",
     )
 
@@ -102,18 +106,32 @@ class IndexService:
         self._lock = threading.Lock()
         self._closed = False
         self._last_offset = -1  # physical offset of the newest indexed message
+        self.dropped_files = 0  # newest files deleted at open after a power cut
         self._last_ts_min_ms = -1  # lowest store time the newest entry can have
         self._listed_mtime_ns = -1
         self._listed_at_ns = -1
 
     @classmethod
-    def open(cls, directory: str, config: IndexConfig, *, read_only: bool = False) -> IndexService:
+    def open(
+        cls,
+        directory: str,
+        config: IndexConfig,
+        *,
+        read_only: bool = False,
+        drop_damaged_newest: bool = False,
+    ) -> IndexService:
         """Open (a writer also creates) the index directory and every file in it.
 
         Args:
             directory: ``<root>/index``.
             config: shapes new files only; existing files keep their own sizes.
             read_only: never create or write; see entries a writer adds later.
+            drop_damaged_newest: after a power cut (a writer only): files written since
+                the checkpoint's flush may have a torn header; a file that does not
+                validate is deleted with every newer file (``dropped_files`` counts
+                them), and the caller re-dispatches from ``last_physical_offset`` (put
+                skips what the remaining files hold). The index is derived data: the
+                CommitLog rebuilds whatever was dropped.
 
         Raises:
             CorruptDataError: a file has a bad prefix, header or size, or files
@@ -123,7 +141,14 @@ class IndexService:
         if not read_only:
             makedirs_durable(service.directory)
             _remove_temp_files(service.directory)
-        service._relist()
+        while True:
+            try:
+                service._relist()
+                break
+            except CorruptDataError as error:
+                if read_only or not drop_damaged_newest:
+                    raise
+                service._drop_from(error)
         if not read_only and service._files:
             service._files[-1].repair_slots()
         service._load_last()
@@ -359,6 +384,20 @@ class IndexService:
         if mtime_ns != self._listed_mtime_ns or racy:
             self._relist()
 
+    def _drop_from(self, error: CorruptDataError) -> None:
+        """Delete the file ``error`` names and every newer one (files written since the
+        checkpoint's flush: the newest, and the one before it if the index rolled since);
+        re-raise if ``error`` names no file of this directory."""
+        names = sorted(n for n in os.listdir(self.directory) if parse_file_name(n) is not None)
+        paths = [os.path.join(self.directory, name) for name in names]
+        if error.path not in paths:
+            raise error
+        for path in reversed(paths[paths.index(error.path) :]):  # newest first
+            log.warning("dropping index file %s after a power cut: %s", path, error)
+            os.unlink(path)
+            self.dropped_files += 1
+        fsync_directory(self.directory)
+
     def _relist(self) -> None:
         """List the directory; keep mapped files still listed, open new ones.
 
@@ -397,6 +436,43 @@ class IndexService:
                 return
 
     # ----------------------------------------------------- truncation, retention
+
+    def recover_tail(
+        self, physical_claim: int, physical_min: int, verify: Callable[[int, int], bool]
+    ) -> int:
+        """After a power cut: keep the entries the checkpoint vouches for, drop the rest.
+
+        Entries of records before ``physical_claim`` (the checkpoint's dispatched
+        position) were synced before the checkpoint was written: a prefix of the index,
+        intact. Later entries may be torn or zero while the header, a sector of its own,
+        already counts them. From the newest file back, the newest intact entry is the
+        first one ``verify(key_hash, physical_offset)`` confirms against the CommitLog
+        (one read when the cut spared the index); a file with none is deleted, the file
+        holding it is truncated after it. Re-dispatch from the claim puts the rest back.
+
+        Returns:
+            How many entries were dropped.
+        """
+        dropped = 0
+        with self._lock:
+            self._check_writable()
+            while self._files:
+                newest = self._files[-1]
+                count = newest.index_count
+                keep = newest.intact_end(physical_claim, physical_min, verify)
+                if keep == count:
+                    break
+                dropped += count - keep
+                if keep == 0:
+                    self._files.pop()
+                    newest.unlink()
+                    continue
+                newest.truncate_from(keep + 1)
+                break
+            self._load_last()
+        if dropped:
+            log.warning("index: dropped %d entries past the checkpoint's claim", dropped)
+        return dropped
 
     def truncate_beyond(self, physical_end: int) -> None:
         """Remove every entry whose physical offset is >= ``physical_end`` (after

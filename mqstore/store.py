@@ -58,6 +58,7 @@ from commitlog.record import decode_run, validate_topic
 from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from dispatch.dispatcher import Dispatcher
 from indexfile import IndexConfig, IndexService
+from indexfile.format import key_hash
 from mqstore import retention
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
@@ -198,6 +199,7 @@ class MessageStore(CommitLogEngine):
             index_dir,
             IndexConfig(slot_count=config.index_slot_count, entry_count=config.index_entry_count),
             read_only=read_only,
+            drop_damaged_newest=self.recovered_from_crash,
         )
         recover_from = None
         store_ts_floor_ms = 0
@@ -223,6 +225,16 @@ class MessageStore(CommitLogEngine):
         """Make ConsumeQueues and the index agree with the recovered CommitLog."""
         commitlog = self.commitlog
         end = commitlog.write_position
+        if self.recovered_from_crash and checkpoint is not None:
+            # A power cut may have torn what was written after the checkpoint's claim.
+            dropped = self.consume_queues.recover_tails(
+                checkpoint.dispatched_position, commitlog.min_position, self._unit_is_intact
+            )
+            if dropped:
+                log.warning("dropped %d ConsumeQueue units past the checkpoint", dropped)
+            self.index.recover_tail(
+                checkpoint.dispatched_position, commitlog.min_position, self._entry_is_intact
+            )
         self.consume_queues.truncate_beyond(end)
         # Index pages written after the last checkpoint may be lost with power: cut
         # back to what the checkpoint vouches for; re-dispatch puts the rest back.
@@ -236,6 +248,8 @@ class MessageStore(CommitLogEngine):
         elif checkpoint is not None:
             log.warning("ConsumeQueue or index files are missing: rebuilding from the CommitLog")
         start = min(max(start, commitlog.min_position), end)
+        if self.index.dropped_files:  # its entries come back from the older files' end on
+            start = min(start, max(self.index.last_physical_offset, commitlog.min_position))
         self._dispatcher = Dispatcher(
             commitlog,
             self.consume_queues,
@@ -258,6 +272,31 @@ class MessageStore(CommitLogEngine):
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
         self._apply_topic_retention()  # log starts moved by topic retention are not on disk
         self._write_checkpoint(derived=True)
+
+    def _unit_is_intact(
+        self, topic: str, queue_id: int, physical: int, size: int, queue_offset: int
+    ) -> bool:
+        """Whether the CommitLog holds, at ``physical``, the verified record of
+        (topic, queue_id) at ``queue_offset`` with that size (recovery's unit check)."""
+        try:
+            record = self.commitlog.record_at(physical)
+        except (OffsetOutOfRangeError, CorruptDataError):
+            return False
+        return (
+            record.size == size
+            and record.queue_offset == queue_offset
+            and record.queue_id == queue_id
+            and record.topic == topic
+        )
+
+    def _entry_is_intact(self, entry_key_hash: int, physical: int) -> bool:
+        """Whether the CommitLog holds at ``physical`` a verified record one of whose
+        keys hashes to ``entry_key_hash`` (recovery's index entry check)."""
+        try:
+            record = self.commitlog.record_at(physical)
+        except (OffsetOutOfRangeError, CorruptDataError):
+            return False
+        return any(key_hash(record.topic, key) == entry_key_hash for key in record.keys)
 
     def _start_services(self) -> None:
         dispatcher = self._dispatcher

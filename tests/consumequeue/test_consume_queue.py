@@ -802,3 +802,64 @@ def test_queue_against_model(open_store: StoreFactory, data: st.DataObject) -> N
         assert len(got) >= min(1, model.max - start)
         target = data.draw(st.integers(-1, 41), label="time")
         assert queue.offset_for_time(target) == model.offset_for_time(target)
+
+
+# ------------------------------------------------------- recovery after a power cut
+
+
+def _verify_all(position: int, size: int, offset: int) -> bool:
+    """The CommitLog check of the tests: the unit fill() wrote for ``offset``."""
+    return position == cl_of(offset) and size == 10 + offset
+
+
+def _torn(queue: ConsumeQueue, offset: int, position: int, size: int) -> None:
+    """Write a unit as a torn page leaves it (bypassing put's checks)."""
+    file_index, unit_in_file = divmod(offset, UPF)
+    units = queue._files.units(file_index, for_write=True)
+    units.commitlog_offsets[unit_in_file] = position
+    units.sizes[unit_in_file] = size
+
+
+def test_recover_tail_keeps_an_untouched_queue(open_store: StoreFactory) -> None:
+    queue = open_store().queue("t", 0)
+    fill(queue, 0, 2 * UPF + 3)
+    claim = cl_of(2 * UPF + 3)
+    assert queue.recover_tail(claim, 0, _verify_all) == 0
+    assert queue.max_offset == 2 * UPF + 3
+
+
+def test_recover_tail_cuts_torn_units_after_the_claim(open_store: StoreFactory) -> None:
+    """Regression (power-loss harness): units written after the checkpoint's claim
+    were torn (a zero hole, then units a kept page still held, then garbage), and open
+    refused with "queue offset ... is below max offset ... but not written"."""
+    store = open_store()
+    queue = store.queue("t", 0)
+    fill(queue, 0, 2 * UPF + 6)
+    kept = UPF + 5  # units of records before the claim: intact
+    claim = cl_of(kept)
+    file_index, unit_in_file = divmod(kept, UPF)
+    units = queue._files.units(file_index, for_write=True)
+    units.sizes[unit_in_file : unit_in_file + 2] = 0  # a page reverted to zeros
+    _torn(queue, 2 * UPF + 2, 0, 77)  # a torn unit: old zero offset, new size
+    assert queue.recover_tail(claim, 0, _verify_all) > 0
+    assert queue.max_offset == kept
+    fill(queue, kept, 4)  # re-dispatch rebuilds the rest, with no conflict
+    reopened = open_store().queue("t", 0)
+    assert reopened.max_offset == kept + 4
+    stored = [unit_tuple(reopened.get(offset))[0] for offset in range(kept + 4)]
+    assert stored == [cl_of(offset) for offset in range(kept + 4)]
+
+
+def test_recover_tail_drops_a_file_the_cut_left_unreadable(open_store: StoreFactory) -> None:
+    """Regression: a ConsumeQueue file created after the claim whose name survived a
+    cut but whose size did not ("file is 0 bytes") made open refuse."""
+    store = open_store()
+    queue = store.queue("t", 0)
+    fill(queue, 0, 2 * UPF + 2)
+    newest = queue._files.unit_path(2)
+    store.close()
+    os.truncate(newest, 0)
+    queue = open_store().queue("t", 0)
+    assert queue.recover_tail(cl_of(UPF + 1), 0, _verify_all) >= 0
+    assert queue.max_offset == UPF + 1
+    assert not os.path.exists(newest)

@@ -49,28 +49,25 @@ def test_power_cuts_lose_no_acknowledged_sync_record_and_corrupt_nothing(short_r
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    reason="open defect (issue 13): ConsumeQueue and index pages written after the "
-    "checkpoint's dispatched claim can be torn by a power cut, and open refuses "
-    "(CorruptDataError) instead of cutting them back and re-dispatching",
-    strict=False,
-)
-def test_every_power_cut_reopens(short_run):
+def test_every_power_cut_reopens_and_async_loses_only_each_queues_tail(short_run):
     harness = short_run
-    assert harness.power.refusals == 0, harness.figures.problems
-    assert harness.figures.child_failures == 0, harness.figures.problems
+    power, problems = harness.power, harness.figures.problems
+    assert power.refusals == 0, problems
+    assert harness.figures.child_failures == 0, problems
+    assert power.async_bound_violations == 0, problems
+    assert not harness.failed
 
 
 @needs_fuse
 @pytest.mark.xfail(
-    reason="open (issue 13): the tail is checked in acknowledgement order, which two "
-    "writer threads interleave differently from log order, and PowerFS's flushes lag "
-    "past the 1.5 s window on a loaded machine; the bound needs log positions",
+    reason="open (issue 13), not yet explained: the oldest lost async ack is up to 2.5 s "
+    "old against a 1.5 s window (200 ms flush interval + slack); PowerFS serves every "
+    "page through one Python FUSE process and the lag grows with the machine's load",
     strict=False,
 )
-def test_async_losses_stay_within_the_bound(short_run):
+def test_async_losses_are_younger_than_the_window(short_run):
     power = short_run.power
-    assert power.async_bound_violations == 0, short_run.figures.problems
+    assert power.async_old_losses == 0, short_run.figures.problems
     assert power.async_loss_age_ms_max <= LOSS_WINDOW_MS
 
 
@@ -85,20 +82,21 @@ def test_the_control_run_loses_nothing(tmp_path):
 
 
 def test_the_tail_check_can_fail(tmp_path):
-    """A loss that is not the child's last acks, or too old, is a violation."""
+    """A loss that is not the tail of its queue is a violation; an old one is counted."""
     harness = PowerHarness(str(tmp_path), seed=1)
     harness.kill_time = 100.0
-    acks = [("crash", 0, offset) for offset in range(4)]
+    acks = [("crash", 0, offset) for offset in range(4)] + [("raw", 0, 0)]
     harness.child_acks = {where: (order, 99.9) for order, where in enumerate(acks)}
-    harness.cut_lost = acks[2:]  # the tail, 100 ms old: allowed
+    harness.cut_lost = acks[2:4]  # the tail of crash/0, 100 ms old: allowed
     harness._check_tail()
     assert harness.power.async_bound_violations == 0
     assert harness.power.async_lost == 2
-    harness.cut_lost = acks[1:2]  # acks 2 and 3 kept after a lost 1: not a tail
+    harness.cut_lost = acks[1:2]  # crash/0 offsets 2 and 3 kept after a lost 1
     harness._check_tail()
     assert harness.power.async_bound_violations == 1
-    harness.child_acks[acks[3]] = (3, 100.0 - (LOSS_WINDOW_MS + 1) / 1000)
-    harness.cut_lost = acks[3:]  # the tail, but older than the window
-    harness._check_tail()
-    assert harness.power.async_bound_violations == 2
     assert harness.failed
+    harness.child_acks[acks[3]] = (3, 100.0 - (LOSS_WINDOW_MS + 1) / 1000)
+    harness.cut_lost = acks[3:4]  # the tail, but older than the window
+    harness._check_tail()
+    assert harness.power.async_bound_violations == 1
+    assert harness.power.async_old_losses == 1
