@@ -27,6 +27,8 @@ __all__ = [
     "ReadOnlyStoreError",
     "UnknownTopicError",
     "DispatchFailedError",
+    "IllegalStateError",
+    "TopicDeletionDisabledError",
 ]
 
 
@@ -123,6 +125,17 @@ class UnknownTopicError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
         return str(self.args[0]) if self.args else "unknown topic"
+
+
+class IllegalStateError(StoreError):
+    """A call that the object's current state forbids (kafka-python's name): a
+    consumer's ``assign`` after ``subscribe``, or ``subscribe`` after ``assign``."""
+
+
+class TopicDeletionDisabledError(StoreError):
+    """Topics cannot be deleted (Kafka's name, for ``delete.topic.enable=false``):
+    every topic's records share the CommitLog files, and recovery re-creates a
+    topic's ConsumeQueues from them, so a topic lives until retention drops them."""
 
 
 class DispatchFailedError(StoreError):

@@ -14,6 +14,7 @@ from commitlog.errors import (
     DispatchFailedError,
     FlushFailedError,
     FlushTimeoutError,
+    IllegalStateError,
     InvalidArgumentError,
     InvalidTypeError,
     KafkaTimeoutError,
@@ -23,10 +24,12 @@ from commitlog.errors import (
     StoreClosedError,
     StoreError,
     StoreLockedError,
+    TopicDeletionDisabledError,
     UnknownTopicError,
 )
 from mqstore.config import StoreConfig
 from mqstore.kafka import (
+    ConsumerRebalanceListener,
     ConsumerRecord,
     KafkaConsumer,
     KafkaProducer,
@@ -35,26 +38,32 @@ from mqstore.kafka import (
     RecordMetadata,
     TopicPartition,
 )
+from mqstore.kafka_admin import KafkaAdminClient, NewPartitions, NewTopic
 from mqstore.message import Message, PutResult
 from mqstore.store import MessageStore
 from mqstore.topics import TopicConfig
 
 __all__ = [
     "ConfigError",
+    "ConsumerRebalanceListener",
     "ConsumerRecord",
     "CorruptDataError",
     "DiskFullError",
     "DispatchFailedError",
     "FlushFailedError",
     "FlushTimeoutError",
+    "IllegalStateError",
     "InvalidArgumentError",
     "InvalidTypeError",
+    "KafkaAdminClient",
     "KafkaConsumer",
     "KafkaProducer",
     "KafkaTimeoutError",
     "LimitExceededError",
     "Message",
     "MessageStore",
+    "NewPartitions",
+    "NewTopic",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
     "OffsetOutOfRangeError",
@@ -66,6 +75,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "TopicConfig",
+    "TopicDeletionDisabledError",
     "TopicPartition",
     "UnknownTopicError",
 ]

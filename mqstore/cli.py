@@ -15,11 +15,13 @@ How it opens the store:
   cuts a corrupt tail).
 
 Config: ``--config KEY=VALUE`` sets StoreConfig fields (SegmentedConfig fields with
-``--engine segmented``) for this run, after those in ``$MQSTORE_CONFIG``; nothing is
-persisted. The file layout (CommitLog file size, ConsumeQueue units per file, index
-slots and entries) is read back from the store's files when not given, and a given
-value that contradicts the files is refused; a part with no file yet (a topic never
-written) takes this run's config, so set small layouts in ``$MQSTORE_CONFIG``.
+``--engine segmented``) for this run, after those in ``$MQSTORE_CONFIG``; an unknown
+or malformed item is refused from either. A new store records its layout and
+defaults (``mqstore.layout``); an existing one is opened with them: its layout
+(CommitLog file size, ConsumeQueue units per file, index slots and entries) wins over
+``$MQSTORE_CONFIG`` (a shell-wide setting for the stores it creates), a ``--config``
+value that contradicts it is refused, and other settings given override the recorded
+defaults for this run only.
 
 Exit codes: 0 success, 1 a user error (bad arguments, unknown topic, a store error
 that is not corruption), 2 corrupt data (CorruptDataError, or verify/dump findings).
@@ -107,8 +109,8 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         action="append",
         default=default([]),
         help="set a StoreConfig field for this run, e.g. commitlog_file_size_bytes=1048576 "
-        f"(repeatable; after those in ${CONFIG_ENV}; the file layout is read back from an "
-        "existing store)",
+        f"(repeatable; after those in ${CONFIG_ENV}; an existing store's layout and "
+        "defaults are read back from it)",
     )
     group.add_argument(
         "--json", action="store_true", default=default(False), help="print JSON Lines"
@@ -219,7 +221,11 @@ def _add_topics(commands: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument(
         "--timestamp-type", choices=cli_consume.TIMESTAMP_NAMES, default="CreateTime"
     )
-    create.add_argument("--retention-ms", type=int, help="-1: keep forever (default: store's)")
+    create.add_argument(
+        "--retention-ms",
+        type=int,
+        help="-1: keep forever (default: the store's retention_hours, 72 h unless set)",
+    )
     create.add_argument("--retention-bytes", type=int, help="per partition; -1: no limit")
     create.add_argument("--if-not-exists", action="store_true", help="no error if it exists")
     listing = actions.add_parser("list", help="list topic names", parents=[common])
@@ -248,8 +254,7 @@ examples:
 exit codes: 0 success, 1 user error, 2 corrupt data found.
 A new store takes the default StoreConfig (1 GiB pre-warmed CommitLog files). For a
 small one, export MQSTORE_CONFIG="commitlog_file_size_bytes=1048576 prewarm=false"
-(or pass --config at every run): nothing is persisted; the layout of existing files
-is read back from them."""
+(or pass --config): the store records its layout, and later runs adopt it."""
 
 
 def _positive(text: str) -> int:
@@ -334,17 +339,22 @@ def _fail(error: BaseException | str, code: int, debug: bool) -> int:
 # ---------------------------------------------------------------- store and output
 
 
-def _config_values(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
-    """$MQSTORE_CONFIG, then --config: typed keyword arguments of an attrs config class.
-    Keys of the other engine's config are skipped in $MQSTORE_CONFIG, refused in --config."""
-    fields = {field.name: field for field in attrs.fields(config_class)}
+def _config_values(
+    args: argparse.Namespace, config_class: type, sources: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """$MQSTORE_CONFIG, then --config: typed keyword arguments of an attrs config class,
+    and in ``sources`` where each came from. Keys of the other engine's config are
+    skipped in $MQSTORE_CONFIG (one variable serves both engines); any other unknown or
+    malformed item is refused, from either source."""
+    fields = {field.name: field for field in attrs.fields(config_class) if field.init}
     from_env = os.environ.get(CONFIG_ENV, "").replace(",", " ").split()
+    other_engine = _other_engine_settings(config_class) if from_env else frozenset()
     values: dict[str, Any] = {}
     for number, pair in enumerate([*from_env, *args.config]):
         source = f"${CONFIG_ENV} item" if number < len(from_env) else "--config"
         key, separator, raw = pair.partition("=")
         field = fields.get(key.strip())
-        if source != "--config" and separator and field is None:
+        if source != "--config" and separator and key.strip() in other_engine:
             continue
         if not separator or field is None:
             keys = ", ".join(sorted(fields))
@@ -361,22 +371,45 @@ def _config_values(args: argparse.Namespace, config_class: type) -> dict[str, An
         except ValueError:
             kind = type(default).__name__
             raise CliError(f"bad {source} {pair!r}: {raw!r} is not a {kind}") from None
+        if sources is not None:
+            sources[field.name] = source
     return values
+
+
+def _other_engine_settings(config_class: type) -> frozenset[str]:
+    """Settings only the other engine's config has (none when it is not installed)."""
+    try:
+        other = (
+            importlib.import_module("segmented.config").SegmentedConfig
+            if config_class is StoreConfig
+            else StoreConfig
+        )
+    except ImportError:
+        return frozenset()
+    names = {field.name for field in attrs.fields(other) if field.init}
+    return frozenset(names - {field.name for field in attrs.fields(config_class)})
 
 
 _BOOLEANS: Final = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _store_config(args: argparse.Namespace) -> StoreConfig:
-    """StoreConfig from --config, with the file layout the store's files already have."""
-    values = _config_values(args, StoreConfig)
+    """StoreConfig from $MQSTORE_CONFIG and --config, with the layout the store
+    recorded (or its files show). $MQSTORE_CONFIG is a shell-wide setting for the
+    stores it creates, so an existing store's layout wins over it; a --config value
+    that contradicts the layout is refused. Settings left out take the store's
+    recorded defaults (``mqstore.layout``)."""
+    sources: dict[str, str] = {}
+    values = _config_values(args, StoreConfig, sources)
     for name, found in cli_verify.disk_layout(args.store).items():
-        given = values.setdefault(name, found)
-        if given != found:
+        given = values.get(name, found)
+        if given != found and sources[name] == "--config":
             raise CliError(
-                f"--config {name}={given} does not match the store's files ({found}); "
-                "the layout is fixed when a store is created"
+                f"--config {name}={given} does not match the store at {args.store}, created "
+                f"with {name}={found}: the layout is fixed when a store is created (leave "
+                "it out to adopt it)"
             )
+        values[name] = found
     return StoreConfig(**values)
 
 
@@ -465,7 +498,11 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
                 retention_ms=args.retention_ms,
                 retention_bytes=args.retention_bytes,
             )
-    text = f"created topic {topic.name} with {topic.partitions} partition(s)"
+        topic = store.describe_topic(topic.name)  # with the retention in force
+    text = (
+        f"created topic {topic.name} with {topic.partitions} partition(s), retention_ms "
+        f"{_retention(topic.effective_retention_ms, topic.effective_retention_ms_source)}"
+    )
     _emit(args, {"name": topic.name, **topic.to_json()}, text)
     return EXIT_OK
 
@@ -487,19 +524,33 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
                 for p in range(topic.partitions)
             ]
             offsets = [{"partition": p, "earliest": lo, "latest": hi} for p, lo, hi in ranges]
-            retention = [
-                "store default" if value is None else value
-                for value in (topic.retention_ms, topic.retention_bytes)
-            ]
+            effective = {
+                "effective_retention_ms": topic.effective_retention_ms,
+                "effective_retention_ms_source": topic.effective_retention_ms_source,
+                "effective_retention_bytes": topic.effective_retention_bytes,
+                "effective_retention_bytes_source": topic.effective_retention_bytes_source,
+            }
+            retention_ms = _retention(
+                topic.effective_retention_ms, topic.effective_retention_ms_source
+            )
+            retention_bytes = _retention(
+                topic.effective_retention_bytes, topic.effective_retention_bytes_source, "no limit"
+            )
             text = (
                 f"Topic: {name}\tPartitions: {topic.partitions}\tTimestampType: "
-                f"{topic.timestamp_type}\tRetentionMs: {retention[0]}\tRetentionBytes: "
-                f"{retention[1]}\tCreated: {_iso(topic.created_ms)}"
+                f"{topic.timestamp_type}\tRetentionMs: {retention_ms}\tRetentionBytes: "
+                f"{retention_bytes}\tCreated: {_iso(topic.created_ms)}"
             )
             for p, lo, hi in ranges:
                 text += f"\n\tPartition: {p}\tEarliestOffset: {lo}\tLatestOffset: {hi}"
-            _emit(args, {"name": name, **topic.to_json(), "offsets": offsets}, text)
+            data = {"name": name, **topic.to_json(), **effective, "offsets": offsets}
+            _emit(args, data, text)
     return EXIT_OK
+
+
+def _retention(value: int | None, source: str | None, unlimited: str = "forever") -> str:
+    """A retention in force and where it comes from: ``-1 (forever, topic)``."""
+    return f"{value} ({unlimited + ', ' if value == -1 else ''}{source})"
 
 
 def _iso(epoch_ms: int) -> str:
@@ -536,12 +587,14 @@ def _cmd_produce(args: argparse.Namespace) -> int:
             source = stack.enter_context(open(args.file, "rb"))
             total = os.fstat(source.fileno()).st_size
         store = stack.enter_context(_open_store(args, write=True))
-        store.describe_topic(args.topic)  # an unknown topic fails before reading input
+        if not store.auto_create_topics:  # else the first send creates the topic
+            store.describe_topic(args.topic)  # an unknown topic fails before reading input
         producer = KafkaProducer(store, linger_ms=PRODUCE_LINGER_MS, batch_size=PRODUCE_BATCH_BYTES)
         bar = _progress(args, args.file or "stdin", total, "B") if total else _NoProgress()
         stack.callback(bar.close)
         summary: dict[int, list[int]] = {}  # partition -> [records, first offset, last offset]
         futures: list[Any] = []
+        failure: BaseException | None = None
         try:
             for number, raw in enumerate(source, start=1):
                 line = raw[:-1] if raw.endswith(b"\n") else raw
@@ -559,29 +612,59 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                 bar.update(len(raw))
                 if len(futures) >= PRODUCE_CHECK_RECORDS:
                     producer.flush()
-                    _settle(futures, summary)
+                    failure = _settle(futures, summary)
+                    if failure is not None:
+                        break
+        except (CliError, StoreError) as error:  # a bad line, or a send the store refused
+            failure = error
         finally:
-            producer.close()
-        _settle(futures, summary)
+            producer.close()  # appends what was sent before a failure
+        failure = _settle(futures, summary) or failure
+    _report_produced(args, summary, failure)
+    if failure is not None:
+        raise failure  # after the lines before it were reported
+    return EXIT_OK
+
+
+def _report_produced(
+    args: argparse.Namespace, summary: dict[int, list[int]], failure: BaseException | None
+) -> None:
+    """Print what was written: everything, or (on a failure) what was written before
+    it, so a retry knows where to resume."""
     records = sum(item[0] for item in summary.values())
+    if failure is not None and not records:
+        return  # nothing was written: the error alone says it
     partitions = {
         str(p): {"records": n, "first_offset": first, "last_offset": last}
         for p, (n, first, last) in sorted(summary.items())
     }
     text = f"produced {records} record(s) to {args.topic}"
-    _emit(args, {"topic": args.topic, "records": records, "partitions": partitions}, text)
-    return EXIT_OK
+    if failure is not None:
+        spans = ", ".join(
+            f"partition {p} offsets {first}-{last}"
+            for p, (_, first, last) in sorted(summary.items())
+        )
+        text += f" before the error ({spans}); the rest of the input was not written"
+    data = {"topic": args.topic, "records": records, "partitions": partitions}
+    _emit(args, {**data, "complete": failure is None}, text)
 
 
-def _settle(futures: list[Any], summary: dict[int, list[int]]) -> None:
-    """Raise the first send error; count what landed where."""
+def _settle(futures: list[Any], summary: dict[int, list[int]]) -> BaseException | None:
+    """Count what landed where; return the first send error (records sent after a
+    failed one are still counted when they landed)."""
+    failure = None
     for future in futures:
-        metadata = future.get()
+        try:
+            metadata = future.get()
+        except StoreError as error:
+            failure = failure or error
+            continue
         entry = summary.setdefault(metadata.partition, [0, metadata.offset, metadata.offset])
         entry[0] += 1
         entry[1] = min(entry[1], metadata.offset)
         entry[2] = max(entry[2], metadata.offset)
     futures.clear()
+    return failure
 
 
 # ---------------------------------------------------------------- consume
@@ -647,9 +730,6 @@ def _cmd_query_key(args: argparse.Namespace) -> int:
     if args.engine != "commitlog":
         raise CliError("query-key needs the commitlog engine (the segmented log has no key index)")
     with _open_store(args, write=False) as store:
-        queues = os.path.join(store.root, "consumequeue", args.topic)
-        if args.topic not in store.list_topics() and not os.path.isdir(queues):
-            raise UnknownTopicError(f"unknown topic {args.topic!r}")
         for message in store.query_by_key(args.topic, args.key, args.begin, args.end, args.max):
             properties = dict(message.properties)  # the Kafka key is the first, if any
             data = {
@@ -693,8 +773,11 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.store):
-        raise CliError(f"no store at {args.store}")
+    marker = "topics" if args.engine == "segmented" else "commitlog"
+    if not os.path.isdir(os.path.join(args.store, marker)) and not os.path.isfile(
+        os.path.join(args.store, marker)
+    ):  # an empty or foreign directory: "no problems" would be a lie
+        raise CliError(f"no store at {args.store} (it has no {marker}): nothing to verify")
     bars: list[Any] = []
 
     def progress(label: str, total: int) -> Callable[[int], None]:

@@ -10,18 +10,25 @@ Kafka offsets are queue offsets. A Kafka record maps onto a message:
 - timestamp -> born timestamp (CreateTime); LogAppendTime topics use the store
   timestamp set under the append lock.
 
-Topics must be created (``create_topic``) before the engine accepts records for
-them, and partitions are checked against the topic's count, as a Kafka broker does.
+One notion of a topic, for every entry point: a topic exists once it is created,
+explicitly (``create_topic``) or, with ``StoreConfig.auto_create_topics`` (the
+default), by the first write to it (Kafka's auto.create.topics.enable, RocketMQ's
+autoCreateTopicEnable) with ``auto_create_topic_partitions`` partitions. ``put`` names
+its queue, so a put to queue q makes (or grows) the topic to at least q + 1
+partitions; the Kafka-style path refuses a partition past the count, as a broker
+does. Reads never create a topic: an unknown topic or partition is UnknownTopicError.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from commitlog.errors import InvalidArgumentError, InvalidTypeError, UnknownTopicError
+from commitlog.record import validate_topic
 from mqstore.engine import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -31,16 +38,22 @@ from mqstore.engine import (
 )
 from mqstore.message import Message
 from mqstore.offsets import OffsetStore
+from mqstore.retention import hours_to_ms
 from mqstore.topics import PARTITIONS_MAX, TopicConfig
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable
 
     from commitlog.commitlog import CommitLog
+    from consumequeue import ConsumeQueueStore
+    from mqstore.config import StoreConfig
     from mqstore.message import PutResult
     from mqstore.topics import TopicRegistry
 
 __all__ = ["KEY_PROPERTY", "CommitLogEngine"]
+
+log = logging.getLogger(__name__)
 
 KEY_PROPERTY = "\x00key"  # a NUL-prefixed name no user header can collide with in practice
 READ_RECORDS_MAX = 10_000  # bounded like MessageStore.get
@@ -50,12 +63,16 @@ class CommitLogEngine:
     """Mixed into MessageStore: the engine interface."""
 
     _offset_store: OffsetStore | None = None
+    _described: dict[str, tuple[TopicConfig, TopicConfig]]  # name: (registry's, described)
 
     if TYPE_CHECKING:  # what MessageStore provides
         root: str
         read_only: bool
+        config: StoreConfig
         topics: TopicRegistry
         commitlog: CommitLog
+        consume_queues: ConsumeQueueStore
+        _topic_guard: threading.Lock  # serializes auto-creation
 
         def _check_writable(self) -> None: ...
         def _queue(self, topic: str, queue_id: int) -> Any: ...
@@ -109,6 +126,13 @@ class CommitLogEngine:
     ) -> TopicConfig:
         """Create a topic with ``partitions`` partitions (queues 0..partitions-1).
 
+        Args:
+            retention_ms: how long its records stay readable: -1 for ever, left out
+                (None) the store's ``retention_hours`` (72 h unless the store was
+                created with another), else ms. ``describe_topic`` shows the value
+                in force.
+            retention_bytes: per partition; -1 or left out: no limit.
+
         Raises:
             InvalidArgumentError: the topic exists, or a setting is invalid.
         """
@@ -131,6 +155,21 @@ class CommitLogEngine:
         return self.topics.all()
 
     def describe_topic(self, name: str) -> TopicConfig:
+        """The topic's config, with the retention in force (``effective_*``).
+
+        Raises:
+            UnknownTopicError: no such topic.
+        """
+        config = self._topic_config(name)
+        cached = self._described.get(name)
+        if cached is not None and cached[0] is config:  # a per-send path: no evolve
+            return cached[1]
+        hours = self.config.retention_hours
+        described = config.described(hours_to_ms(hours), f"store default, retention_hours={hours}")
+        self._described[name] = (config, described)
+        return described
+
+    def _topic_config(self, name: str) -> TopicConfig:
         config = self.topics.get(name)
         if config is None and self.read_only:
             self.topics.refresh()
@@ -139,10 +178,110 @@ class CommitLogEngine:
             raise UnknownTopicError(f"unknown topic {name!r}")
         return config
 
+    @property
+    def auto_create_topics(self) -> bool:
+        """Whether a write to a topic that does not exist creates it."""
+        return self.config.auto_create_topics
+
+    def topic_for_write(self, name: str) -> TopicConfig:
+        """The topic a write goes to, created with ``auto_create_topic_partitions``
+        partitions if it does not exist and ``auto_create_topics`` is on.
+
+        Raises:
+            UnknownTopicError: no such topic and auto-creation is off.
+            ReadOnlyStoreError: no such topic and the store is open read-only.
+        """
+        config = self.topics.get(name)
+        if config is not None:
+            return config
+        return self._create_queue(name, 0)
+
+    def _create_queue(self, name: str, queue_id: int) -> TopicConfig:
+        """Create ``name`` (or grow it) so that it has queue ``queue_id`` (put's path
+        when the queue is not yet a partition of a topic).
+
+        Raises:
+            UnknownTopicError: auto-creation is off.
+            InvalidArgumentError: ``queue_id`` is past the largest partition count.
+        """
+        validate_topic(name)
+        with self._topic_guard:  # two writers racing to create: one creates
+            config = self.topics.get(name)
+            if config is not None and queue_id < config.partitions:
+                return config
+            if not self.config.auto_create_topics:
+                if config is None:
+                    raise UnknownTopicError(
+                        f"unknown topic {name!r} (auto_create_topics is off: create it first)"
+                    )
+                raise UnknownTopicError(
+                    f"topic {name!r} has no partition {queue_id} (it has {config.partitions}; "
+                    "auto_create_topics is off: add partitions first)"
+                )
+            self._check_writable()
+            if queue_id >= PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"queue_id {queue_id}: a topic has at most {PARTITIONS_MAX} partitions"
+                )
+            if config is None:
+                config = TopicConfig(
+                    name=name,
+                    partitions=max(queue_id + 1, self.config.auto_create_topic_partitions),
+                    timestamp_type=self.config.default_timestamp_type,
+                )
+            else:
+                config = attrs.evolve(config, partitions=queue_id + 1)
+            log.info("auto-created %s with %d partition(s)", name, config.partitions)
+            return self.topics.put(config)
+
+    def _check_readable(self, name: str, queue_id: int) -> None:
+        """Reads never create a topic. Raises UnknownTopicError unless ``queue_id`` is
+        a partition of topic ``name`` (a read-only store first looks for topics a
+        writer created since it opened)."""
+        config = self.topics.get(name)
+        if config is not None and queue_id < config.partitions:
+            return
+        if self.read_only:
+            self.topics.refresh()
+            config = self.topics.get(name)
+            if config is not None and queue_id < config.partitions:
+                return
+        if config is None:
+            raise UnknownTopicError(f"unknown topic {name!r}")
+        raise UnknownTopicError(
+            f"topic {name!r} has no partition {queue_id} (it has {config.partitions})"
+        )
+
+    def _register_written_queues(self) -> int:
+        """Register the topics and queues that hold records but no topic entry (a
+        store written before every put registered its topic); return how many
+        topics were added or grown. A writer's open calls it; a reader never does."""
+        counts: dict[str, int] = {}
+        for topic, queue_id in self.consume_queues.existing_queues():
+            counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+        changed = 0
+        for topic, partitions in sorted(counts.items()):
+            config = self.topics.get(topic)
+            if config is not None and partitions <= config.partitions:
+                continue
+            if partitions > PARTITIONS_MAX:
+                log.warning("%s has queues past %d: not registered", topic, PARTITIONS_MAX)
+                continue
+            if config is None:
+                config = TopicConfig(
+                    name=topic,
+                    partitions=partitions,
+                    timestamp_type=self.config.default_timestamp_type,
+                )
+            self.topics.put(attrs.evolve(config, partitions=partitions))
+            log.info("registered topic %s (%d partitions) found on disk", topic, partitions)
+            changed += 1
+        return changed
+
     def add_partitions(self, name: str, partitions: int) -> TopicConfig:
         """Grow a topic to ``partitions`` partitions (Kafka never shrinks them)."""
         self._check_writable()
-        config = self.describe_topic(name)
+        config = self._topic_config(name)
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             raise InvalidTypeError("partitions must be an int")
         if not config.partitions < partitions <= PARTITIONS_MAX:
@@ -153,7 +292,7 @@ class CommitLogEngine:
         return self.topics.put(attrs.evolve(config, partitions=partitions))
 
     def _partition(self, topic: str, partition: int) -> TopicConfig:
-        config = self.describe_topic(topic)
+        config = self._topic_config(topic)
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise InvalidTypeError(f"partition must be an int, not {type(partition).__name__}")
         if not 0 <= partition < config.partitions:
@@ -167,7 +306,9 @@ class CommitLogEngine:
     def append_records(
         self, topic: str, partition: int, records: Sequence[ProducerRecord]
     ) -> list[AppendedRecord]:
-        """Append records to one partition under one lock and one flush."""
+        """Append records to one partition under one lock and one flush; an unknown
+        topic is created first when ``auto_create_topics`` is on."""
+        self.topic_for_write(topic)
         config = self._partition(topic, partition)
         if not records:
             return []

@@ -6,7 +6,7 @@ component gets only its own slice of it (``commitlog_config()``...).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -50,6 +50,10 @@ class StoreConfig:
     """Every setting of a store, with RocketMQ's defaults; units are in the names.
 
     Unknown settings raise ConfigError (attrs alone would raise a bare TypeError).
+    The names the caller passed are kept (``explicit_settings``): opening a store
+    adopts what the store recorded for every setting the caller left out
+    (``mqstore.layout``). ``attrs.evolve`` passes every field, so an evolved config
+    counts all of them as set.
     """
 
     def __init__(self, **settings: Any) -> None:
@@ -57,6 +61,10 @@ class StoreConfig:
         if unknown:
             raise ConfigError(f"unknown StoreConfig settings: {', '.join(unknown)}")
         self.__attrs_init__(**settings)
+        object.__setattr__(self, "_explicit", frozenset(settings))
+
+    # The names passed to __init__; not a setting (no init, no eq, no repr).
+    _explicit: frozenset[str] = attrs.field(init=False, eq=False, repr=False, factory=frozenset)
 
     # CommitLog
     commitlog_file_size_bytes: int = attrs.field(default=GIB, validator=_int(64 * 1024, 2 * GIB))
@@ -87,7 +95,14 @@ class StoreConfig:
     # Spool files other processes leave in <root>/inbox are appended this often
     # (mqstore.inbox): the delay before a Spark task's spooled rows become readable.
     inbox_interval_ms: int = attrs.field(default=500, validator=_int(10, 600_000))
-    # Topics created implicitly by put() use this timestamp type.
+    # A write to a topic (or, through put(), a queue) that does not exist creates it
+    # (Kafka: auto.create.topics.enable; RocketMQ: autoCreateTopicEnable); False
+    # refuses it with UnknownTopicError. Reads never create a topic.
+    auto_create_topics: bool = attrs.field(default=True, validator=_BOOL)
+    # Partitions of an auto-created topic (Kafka: num.partitions); put() to queue q
+    # makes at least q + 1.
+    auto_create_topic_partitions: int = attrs.field(default=1, validator=_int(1, 1 << 20))
+    # Topics created implicitly by a write use this timestamp type.
     default_timestamp_type: TimestampType = attrs.field(
         default="CreateTime", validator=_as_config_error(v.in_(("CreateTime", "LogAppendTime")))
     )
@@ -111,6 +126,26 @@ class StoreConfig:
         if self.commitlog_file_size_bytes % 4096:
             raise ConfigError("StoreConfig.commitlog_file_size_bytes must be a multiple of 4096")
 
+    @property
+    def explicit_settings(self) -> frozenset[str]:
+        """The settings the caller passed (the rest are defaults)."""
+        return self._explicit
+
+    def adopting(self, recorded: Mapping[str, Any]) -> StoreConfig:
+        """This config with ``recorded`` values for the settings the caller left out.
+
+        Raises:
+            ConfigError: a recorded value is invalid.
+        """
+        values = {name: getattr(self, name) for name in _FIELD_NAMES}
+        values.update(
+            (name, value) for name, value in recorded.items() if name not in self._explicit
+        )
+        adopted = StoreConfig(**values)
+        object.__setattr__(adopted, "_explicit", self._explicit)
+        assert adopted.explicit_settings == self.explicit_settings
+        return adopted
+
     def commitlog_config(self) -> CommitLogConfig:
         return CommitLogConfig(
             file_size_bytes=self.commitlog_file_size_bytes,
@@ -125,4 +160,4 @@ class StoreConfig:
         )
 
 
-_FIELD_NAMES = frozenset(field.name for field in attrs.fields(StoreConfig))
+_FIELD_NAMES = frozenset(field.name for field in attrs.fields(StoreConfig) if field.init)

@@ -23,7 +23,7 @@ from mqstore import KafkaConsumer, KafkaProducer, MessageStore, StoreConfig, Top
 TOPIC = "orders"
 PARTITIONS = 8
 AUDIT_TOPIC = "audit"  # a second topic, RocketMQ-style: queues, tags and keys via put()
-AUDIT_QUEUES = 4
+AUDIT_QUEUES = 4  # created with its queues: every entry point then sees the same topic
 
 
 @contextmanager
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     with step("open a new store"):
         store = MessageStore.open(args.path, config)
     store.create_topic(TOPIC, PARTITIONS)
+    store.create_topic(AUDIT_TOPIC, AUDIT_QUEUES)  # put() alone would auto-create it too
     produce(store, args.messages)
     with step("close (flush, dispatch the tail, checkpoint)"):
         store.close()
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         store = MessageStore.open(args.path, config)
     print(f"  {store.stats()['commitlog_files']} CommitLog file(s), "
           f"write position {store.commitlog.write_position:,} bytes")  # fmt: skip
+    topics = {name: topic.partitions for name, topic in sorted(store.list_topics().items())}
+    print(f"  topics (name: partitions): {topics}")
     consume(store, args.messages)
     look_up(store)
     store.close()

@@ -11,6 +11,8 @@ Semantics every engine keeps, as in Kafka:
   start offset after retention;
 - ``offset_for_timestamp`` gives the first offset (in offset order) whose timestamp
   is >= T, with that record's timestamp, or None when there is none;
+- a topic exists once created, explicitly or (``auto_create_topics``) by a write
+  to it; reads never create one (UnknownTopicError);
 - a record's timestamp is its CreateTime (given by the producer, else the append
   time) or its LogAppendTime, as the topic's ``timestamp_type`` says.
 """
@@ -86,6 +88,16 @@ class Engine(Protocol):
     def describe_topic(self, name: str) -> TopicConfig: ...
 
     def add_partitions(self, name: str, partitions: int) -> TopicConfig: ...
+
+    @property
+    def auto_create_topics(self) -> bool:
+        """Whether a write to a topic that does not exist creates it."""
+        ...
+
+    def topic_for_write(self, name: str) -> TopicConfig:
+        """The topic, created by this write if it does not exist and auto-creation is
+        on; else UnknownTopicError."""
+        ...
 
     def append_records(
         self, topic: str, partition: int, records: Sequence[ProducerRecord]

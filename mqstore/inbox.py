@@ -149,6 +149,8 @@ class Target(Protocol):
 
     def describe_topic(self, name: str) -> TopicConfig: ...
 
+    def topic_for_write(self, name: str) -> TopicConfig: ...  # may auto-create it
+
     def stats(self) -> dict[str, Any]: ...  # "write_position": the CommitLog's end
 
     def put_batch_buffers(
@@ -364,7 +366,9 @@ class Inbox:
     def _check_destinations(self, spool: Spool) -> None:
         for topic, partition in sorted(spool.destinations()):
             try:
-                partitions = self._target.describe_topic(topic).partitions
+                # The spooling task could not create the topic (no writer lock): the
+                # writer does, when the store auto-creates topics.
+                partitions = self._target.topic_for_write(topic).partitions
             except UnknownTopicError as error:
                 raise SpoolRejectedError(f"{spool.path}: {error}") from None
             if partition >= partitions:

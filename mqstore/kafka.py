@@ -10,13 +10,18 @@ Names, shapes and semantics follow kafka-python, so that its users feel at home:
 
 There is no broker and no network: ``store`` is an open ``MessageStore`` (or a
 ``segmented.SegmentedStore``) in this process. Groups have a single member: a
-``subscribe``d consumer owns every partition of its topics (no rebalance protocol).
+``subscribe``d consumer owns every partition of its topics (no rebalance protocol):
+its ``ConsumerRebalanceListener`` hears of the whole old assignment being revoked
+and the whole new one assigned (kafka-python's eager protocol) whenever a subscribe,
+a topic created or grown (seen at the next poll) or unsubscribe changes it.
+``assign`` and ``subscribe`` are exclusive (IllegalStateError, as kafka-python).
 This module holds the consumer; the producer lives in mqstore.kafka_producer and is
 re-exported here, so ``from mqstore.kafka import KafkaProducer`` keeps working.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import re
 import time
@@ -24,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from commitlog.errors import (
+    IllegalStateError,
     InvalidArgumentError,
     InvalidTypeError,
     OffsetOutOfRangeError,
@@ -42,6 +48,7 @@ from mqstore.kafka_producer import (
 from mqstore.offsets import validate_group
 
 __all__ = [
+    "ConsumerRebalanceListener",
     "ConsumerRecord",
     "FutureRecordMetadata",
     "KafkaConsumer",
@@ -84,6 +91,19 @@ class ConsumerRecord(NamedTuple):
     serialized_header_size: int
 
 
+class ConsumerRebalanceListener(abc.ABC):
+    """kafka-python's callback interface for ``subscribe(listener=...)``: told of the
+    partitions taken away and given when the subscription's assignment changes."""
+
+    @abc.abstractmethod
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Called before the assignment changes, with the partitions that were owned."""
+
+    @abc.abstractmethod
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Called after the assignment changed, with the partitions now owned."""
+
+
 _CONSUMER_DEFAULTS: dict[str, Any] = {
     "group_id": None,
     "key_deserializer": None,
@@ -124,33 +144,78 @@ class KafkaConsumer:
         self._last_commit = time.monotonic()
         self._closed = False
         self._iterator: Iterator[ConsumerRecord] | None = None
+        self._user_assigned = False  # assign() was called (exclusive with subscribe)
+        self._listener: ConsumerRebalanceListener | None = None
+        self._records_consumed = 0  # for metrics()
+        self._fetches = 0
+        self._commits = 0
         if topics:
             self.subscribe(topics)
 
     # ------------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Take exactly these partitions (no group membership)."""
+        """Take exactly these partitions (no group membership).
+
+        Raises:
+            IllegalStateError: the consumer is subscribed (unsubscribe first).
+            UnknownTopicError: a partition that does not exist.
+        """
         self._check_open()
         if self._subscription or self._pattern is not None:
-            raise InvalidArgumentError("assign() and subscribe() cannot be mixed")
+            raise IllegalStateError(
+                "assign() after subscribe(): subscription to topics, partitions and pattern "
+                "are mutually exclusive (call unsubscribe() first)"
+            )
         chosen = []
         for tp in partitions:
             tp = TopicPartition(*tp)
             self._check_partition(tp)
             chosen.append(tp)
+        self._user_assigned = bool(chosen)  # assign([]) is unsubscribe(), as kafka-python
         self._set_assignment(chosen)
 
-    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None) -> None:
-        """Subscribe to topics (or a regex): this single member owns all partitions."""
+    def subscribe(
+        self,
+        topics: Iterable[str] = (),
+        pattern: str | None = None,
+        listener: ConsumerRebalanceListener | None = None,
+    ) -> None:
+        """Subscribe to topics (or a regex): this single member owns all partitions.
+
+        A topic not yet created is waited for (picked up by a later poll) when the
+        store creates topics on their first write; else it is refused.
+
+        Raises:
+            IllegalStateError: partitions were assigned with assign().
+            UnknownTopicError: a named topic does not exist and the store does not
+                auto-create topics.
+            InvalidTypeError: ``listener`` is not a ConsumerRebalanceListener.
+        """
         self._check_open()
+        if self._user_assigned:
+            raise IllegalStateError(
+                "subscribe() after assign(): subscription to topics, partitions and pattern "
+                "are mutually exclusive (call unsubscribe() first)"
+            )
+        if listener is not None and not isinstance(listener, ConsumerRebalanceListener):
+            raise InvalidTypeError("listener must be a ConsumerRebalanceListener")
         if isinstance(topics, str):
             topics = [topics]
+        names = set(topics)
+        if pattern is None and not self._store.auto_create_topics:
+            unknown = sorted(names - set(self._store.list_topics()))
+            if unknown:
+                raise UnknownTopicError(
+                    f"unknown topic(s) {', '.join(map(repr, unknown))} (the store does not "
+                    "auto-create topics: create them first)"
+                )
+        self._listener = listener
         if pattern is not None:
             self._pattern = re.compile(pattern)
             self._subscription = set()
         else:
-            self._subscription = set(topics)
+            self._subscription = names
             self._pattern = None
         self._refresh_subscription()
 
@@ -163,7 +228,17 @@ class KafkaConsumer:
             names = sorted(name for name in known if self._pattern.fullmatch(name))
         chosen = [TopicPartition(name, p) for name in names for p in range(known[name].partitions)]
         if chosen != self._assignment:
-            self._set_assignment(chosen)
+            self._rebalance(chosen)
+
+    def _rebalance(self, chosen: list[TopicPartition]) -> None:
+        """Change the subscription's assignment, telling the listener (eager protocol:
+        all old partitions revoked, then all new ones assigned)."""
+        listener = self._listener
+        if listener is not None and self._assignment:
+            listener.on_partitions_revoked(set(self._assignment))
+        self._set_assignment(chosen)
+        if listener is not None and chosen:
+            listener.on_partitions_assigned(set(chosen))
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:
         self._assignment = partitions
@@ -173,8 +248,13 @@ class KafkaConsumer:
         self._active = None
 
     def unsubscribe(self) -> None:
+        """Drop the subscription or the assigned partitions."""
+        if not self._user_assigned and self._assignment:
+            self._rebalance([])
         self._subscription = set()
         self._pattern = None
+        self._user_assigned = False
+        self._listener = None
         self._set_assignment([])
 
     def assignment(self) -> set[TopicPartition]:
@@ -313,6 +393,7 @@ class KafkaConsumer:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         while True:
             fetched = self._fetch(limit, update_offsets)
+            self._fetches += 1
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if fetched or remaining_ms <= 0:
                 return fetched
@@ -352,6 +433,7 @@ class KafkaConsumer:
                 continue
             result[tp] = [self._to_consumer_record(tp, record) for record in records]
             count += len(records)
+            self._records_consumed += len(records)
             if update_offsets:
                 self._positions[tp] = records[-1].offset + 1
         # The next poll goes on after the last partition this one visited (Kafka's
@@ -435,6 +517,7 @@ class KafkaConsumer:
             entries[(tp.topic, tp.partition)] = (offset, str(metadata))
         if entries:
             self._store.offsets.commit(group, entries)
+            self._commits += 1
         self._last_commit = time.monotonic()
 
     def commit_async(
@@ -506,6 +589,23 @@ class KafkaConsumer:
             found = self._store.offset_for_timestamp(tp.topic, tp.partition, timestamp)
             out[tp] = None if found is None else OffsetAndTimestamp(found[0], found[1], None)
         return out
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self, raw: bool = False) -> dict[str, dict[str, Any]]:
+        """kafka-python's shape ({group: {name: value}}), with the values this
+        consumer knows exactly; rates, latencies and network figures are left out
+        (no broker). ``raw`` is accepted for kafka-python's signature."""
+        return {
+            "consumer-fetch-manager-metrics": {
+                "records-consumed-total": self._records_consumed,
+                "fetch-total": self._fetches,
+            },
+            "consumer-coordinator-metrics": {
+                "assigned-partitions": len(self._assignment),
+                "commit-total": self._commits,
+            },
+        }
 
     # ------------------------------------------------------------------ close
 

@@ -341,6 +341,9 @@ class KafkaProducer:
         self._linger_s = linger_ms / 1000
         self._flusher: threading.Thread | None = None
         self._wake = threading.Event()
+        self._metrics_lock = threading.Lock()  # the counters metrics() reports
+        self._records_sent = 0  # appended
+        self._record_errors = 0  # refused by the store
         if self._linger_s > 0:
             self._flusher = threading.Thread(
                 target=self._linger_loop, name="mqstore-producer-linger", daemon=True
@@ -478,7 +481,9 @@ class KafkaProducer:
         return None if value is None else bytes(value)
 
     def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
-        count = self._store.describe_topic(topic).partitions
+        # An unknown topic is created here when the store auto-creates topics (Kafka's
+        # broker does so on the producer's metadata request), else UnknownTopicError.
+        count = self._store.topic_for_write(topic).partitions
         if partition is not None:
             if isinstance(partition, bool) or not isinstance(partition, int):
                 raise InvalidTypeError("partition must be an int")
@@ -497,10 +502,14 @@ class KafkaProducer:
         try:
             appended = self._store.append_records(tp.topic, tp.partition, [r for r, _ in items])
         except Exception as error:  # every future of the batch carries the error
+            with self._metrics_lock:
+                self._record_errors += len(items)
             for _, future in items:
                 future._resolve(None, error)
             return
         assert len(appended) == len(items)
+        with self._metrics_lock:
+            self._records_sent += len(items)
         for (_, future), result in zip(items, appended, strict=True):
             future._resolve(
                 RecordMetadata(
@@ -623,8 +632,22 @@ class KafkaProducer:
         if flusher is not None and flusher is not threading.current_thread():
             flusher.join(None if deadline is None else max(deadline - time.monotonic(), 0))
 
-    def metrics(self) -> dict[str, Any]:
-        return {}
+    def metrics(self, raw: bool = False) -> dict[str, Any]:
+        """kafka-python's shape ({group: {name: value}}), with the values this
+        producer knows exactly; rates and network figures are left out (no broker).
+        ``raw`` is accepted for kafka-python's signature; the values are the same."""
+        with self._lock:
+            buffered_bytes = self._buffered_bytes
+        with self._metrics_lock:
+            sent, errors = self._records_sent, self._record_errors
+        return {
+            "producer-metrics": {
+                "record-send-total": sent,
+                "record-error-total": errors,
+                "buffer-total-bytes": self._buffer_memory_bytes,
+                "buffer-available-bytes": self._buffer_memory_bytes - buffered_bytes,
+            }
+        }
 
     def __enter__(self) -> KafkaProducer:
         return self

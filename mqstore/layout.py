@@ -1,17 +1,27 @@
-"""The store's layout: the StoreConfig fields its files are built with.
+"""What a store records about itself at creation: its layout and its defaults.
 
-File ``<root>/layout`` (atomic JSON, checksummed like ``topics``)::
+File ``<root>/layout`` (atomic JSON, checksummed like ``topics``), version 2::
 
-    {"layout": {"commitlog_file_size_bytes": N, "consumequeue_units_per_file": N},
-     "checksum": "<xxh3_64 hex of the canonical JSON of 'layout'>"}
+    {"version": 2,
+     "layout": {"commitlog_file_size_bytes": N, "consumequeue_units_per_file": N},
+     "defaults": {"flush_mode": "async", "retention_hours": 72.0, "retention_bytes": -1},
+     "checksum": "<xxh3_64 hex of the canonical JSON of {layout, defaults}>"}
 
-Why: these two sizes are fixed per store (every CommitLog file and every ConsumeQueue
-unit file has them), but a store's files do not always show them: a store with topics
-and no queue file yet says nothing of its units per file. A process that opens the
-store without the writer's config (a Spark task, the CLI) then guessed the default
-and built queue files of the wrong size. The writer records the layout at open; a
-reader takes it from here; an open with a config that disagrees is refused with a
-ConfigError naming the field, before any file is touched.
+Version 1 (no ``version`` key) holds only ``layout``, its checksum over ``layout``;
+it is still read, and a writer rewrites it as version 2 with its own defaults.
+
+Why: the two layout sizes are fixed per store (every CommitLog file and every
+ConsumeQueue unit file has them), but a store's files do not always show them (a
+store with topics and no queue file yet says nothing of its units per file), and a
+reader needs the writer's flush mode and retention to describe the store. So any
+process opens any store with ``MessageStore.open(path)``:
+
+- layout: recorded by the first writer, fixed for the store's life. A setting the
+  caller left out is adopted; an explicit value that differs is refused with a
+  ConfigError naming it, before any file is touched.
+- defaults: recorded by the first writer; adopted when the caller left them out. An
+  explicit value overrides them for that open only and is not recorded (a service
+  may run one process with ``flush_mode="sync"`` without changing the store's).
 """
 
 from __future__ import annotations
@@ -22,18 +32,30 @@ from typing import Any, Final
 
 from commitlog.errors import ConfigError, CorruptDataError
 from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.config import StoreConfig
 
-__all__ = ["LAYOUT_FIELDS", "LAYOUT_FILE", "check_layout", "load_layout"]
+__all__ = [
+    "DEFAULT_FIELDS",
+    "LAYOUT_FIELDS",
+    "LAYOUT_FILE",
+    "load_defaults",
+    "load_layout",
+    "resolve_config",
+]
 
 LAYOUT_FILE: Final = "layout"
+VERSION: Final = 2
 LAYOUT_FIELDS: Final = ("commitlog_file_size_bytes", "consumequeue_units_per_file")
+DEFAULT_FIELDS: Final = ("flush_mode", "retention_hours", "retention_bytes")
 
 
-def load_layout(root: str) -> dict[str, int] | None:
-    """The recorded layout, or None for a store that has none (new, or older).
+def _load(root: str) -> tuple[dict[str, int], dict[str, Any], int] | None:
+    """(layout, defaults, version) as recorded, or None for a store that has none
+    (new, or older than the record).
 
     Raises:
-        CorruptDataError: the file does not parse or its checksum does not match.
+        CorruptDataError: the file does not parse, its checksum does not match, or a
+            field is missing or invalid.
     """
     path = os.path.join(root, LAYOUT_FILE)
     try:
@@ -43,37 +65,89 @@ def load_layout(root: str) -> dict[str, int] | None:
         return None
     except (OSError, ValueError) as error:
         raise CorruptDataError(path, 0, f"unreadable layout: {error}") from None
-    body = document.get("layout") if isinstance(document, dict) else None
+    if not isinstance(document, dict):
+        raise CorruptDataError(path, 0, "layout is not a JSON object")
+    version = document.get("version", 1)
+    layout = document.get("layout")
+    defaults = document.get("defaults", {}) if version == VERSION else {}
+    summed = {"layout": layout, "defaults": defaults} if version == VERSION else layout
+    if version not in (1, VERSION) or document.get("checksum") != json_checksum(summed):
+        raise CorruptDataError(path, 0, f"layout version {version!r} or checksum do not match")
     if (
-        not isinstance(body, dict)
-        or document.get("checksum") != json_checksum(body)
-        or set(body) != set(LAYOUT_FIELDS)
-        or not all(type(value) is int and value > 0 for value in body.values())
+        not isinstance(layout, dict)
+        or set(layout) != set(LAYOUT_FIELDS)
+        or not all(type(value) is int and value > 0 for value in layout.values())
     ):
-        raise CorruptDataError(path, 0, "layout checksum or fields do not match")
-    return body
+        raise CorruptDataError(path, 0, "layout fields do not match")
+    if not isinstance(defaults, dict) or (
+        version == VERSION and set(defaults) != set(DEFAULT_FIELDS)
+    ):
+        raise CorruptDataError(path, 0, "recorded defaults do not match")
+    try:
+        StoreConfig(**layout, **defaults)  # the recorded values validate as settings
+    except ConfigError as error:
+        raise CorruptDataError(path, 0, f"recorded setting is invalid: {error}") from None
+    return layout, defaults, version
 
 
-def check_layout(root: str, config: Any, *, record: bool) -> None:
-    """Refuse a config whose layout differs from the recorded one; with ``record``
-    (the writer), record the config's layout when none is recorded yet.
+def load_layout(root: str) -> dict[str, int] | None:
+    """The recorded layout, or None for a store that has none (new, or older).
 
     Raises:
-        ConfigError: ``config`` disagrees with the store's layout.
+        CorruptDataError: the file is damaged.
+    """
+    loaded = _load(root)
+    return None if loaded is None else loaded[0]
+
+
+def load_defaults(root: str) -> dict[str, Any]:
+    """The recorded defaults ({} for a store without them).
+
+    Raises:
+        CorruptDataError: the file is damaged.
+    """
+    loaded = _load(root)
+    return {} if loaded is None else loaded[1]
+
+
+def _record(root: str, config: StoreConfig) -> None:
+    layout = {name: getattr(config, name) for name in LAYOUT_FIELDS}
+    defaults = {name: getattr(config, name) for name in DEFAULT_FIELDS}
+    summed = {"layout": layout, "defaults": defaults}
+    document = {"version": VERSION, **summed, "checksum": json_checksum(summed)}
+    write_json_atomically(os.path.join(root, LAYOUT_FILE), document)
+
+
+def resolve_config(root: str, config: StoreConfig, *, record: bool) -> StoreConfig:
+    """``config`` with the store's recorded layout and defaults adopted for the
+    settings the caller left out; with ``record`` (the writer), record what a new
+    store (or a version 1 record) lacks.
+
+    Returns:
+        The config to open the store with.
+
+    Raises:
+        ConfigError: an explicit layout setting differs from the recorded one.
         CorruptDataError: the layout file is damaged.
     """
-    wanted = {name: getattr(config, name) for name in LAYOUT_FIELDS}
-    recorded = load_layout(root)
-    if recorded is None:
+    loaded = _load(root)
+    if loaded is None:
         if record:
-            write_json_atomically(
-                os.path.join(root, LAYOUT_FILE),
-                {"layout": wanted, "checksum": json_checksum(wanted)},
-            )
-        return
+            _record(root, config)
+        return config
+    layout, defaults, version = loaded
+    explicit = config.explicit_settings
     for name in LAYOUT_FIELDS:
-        if recorded[name] != wanted[name]:
+        given = getattr(config, name)
+        if name in explicit and given != layout[name]:
             raise ConfigError(
-                f"the store at {root} was created with {name}={recorded[name]}; "
-                f"StoreConfig.{name}={wanted[name]} does not match (open it with the same value)"
+                f"StoreConfig({name}={given}) does not match the store at {root}, created "
+                f"with {name}={layout[name]}: the layout is fixed when a store is created "
+                "(leave the setting out to adopt it)"
             )
+    adopted = config.adopting({**layout, **defaults})
+    assert all(getattr(adopted, name) == layout[name] for name in LAYOUT_FIELDS)
+    if record and version != VERSION:
+        # A version 1 store never recorded its defaults: this writer's become them.
+        _record(root, adopted)
+    return adopted

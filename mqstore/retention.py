@@ -3,8 +3,11 @@ CleanCommitLogService does, then moves ConsumeQueue minimum offsets and drops ol
 index files.
 
 A file may go when (checked every ``retention_check_interval_ms`` by apscheduler):
-- it is older than ``retention_hours`` (its age is the time since its last record
-  was stored, read from the first record of the file after it), or
+- it is older than the longest retention of any topic (``retention_hours``, the
+  store default, for topics without their own ``retention_ms``; never when a topic
+  keeps forever with -1). Its age is the time since its last record was stored, read
+  from the first record of the file after it. Topics with a shorter retention lose
+  their older records earlier, through their log start offset (``topic_start_offset``).
 - the log is larger than ``retention_bytes`` (when >= 0), or
 - disk usage is at or above ``disk_clean_ratio_percent`` (one file per check, the
   gentle watermark) or ``disk_force_ratio_percent`` (up to DELETE_FILES_MAX per check).
@@ -12,7 +15,8 @@ A file may go when (checked every ``retention_check_interval_ms`` by apscheduler
 At or above ``disk_reject_ratio_percent`` puts are rejected with DiskFullError, and
 accepted again as soon as a check finds usage below it. The file being written is
 never deleted, so the log always keeps its newest file, and neither is a file the
-dispatcher has not finished reading.
+dispatcher has not finished reading. ``retention_bytes`` and the disk watermarks
+protect the disk and apply to every topic, those that keep forever included.
 
 Crash policy: a file is unlinked before the ConsumeQueues are corrected; after a
 crash in between, open corrects them from the CommitLog's first file.
@@ -21,10 +25,11 @@ crash in between, open corrects them from the CommitLog's first file.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
@@ -34,11 +39,40 @@ from commitlog.commitlog import CommitLog
 from commitlog.errors import StoreError
 from commitlog.mapped_file import MappedFile
 
-__all__ = ["RetentionReport", "RetentionService", "disk_usage_percent", "topic_start_offset"]
+__all__ = [
+    "FOREVER",
+    "RetentionReport",
+    "RetentionService",
+    "disk_usage_percent",
+    "file_retention_ms",
+    "hours_to_ms",
+    "topic_start_offset",
+]
 
 log = logging.getLogger(__name__)
 
 DELETE_FILES_MAX: Final = 10  # RocketMQ's deleteFileBatchMax: bound one check's work
+FOREVER: Final = -1  # a topic's retention_ms that keeps its records for ever (Kafka's -1)
+HOUR_MS: Final = 3_600_000
+
+
+def hours_to_ms(hours: float) -> int:
+    """``StoreConfig.retention_hours`` in ms."""
+    return round(hours * HOUR_MS)
+
+
+def file_retention_ms(topics: Iterable[Any], default_ms: int) -> float:
+    """The age at which a CommitLog file may be deleted: every file holds records of
+    every topic, so the longest retention among the topics (``retention_ms`` None:
+    ``default_ms``, the store's), and infinity when a topic keeps forever."""
+    longest: float = default_ms
+    for topic in topics:
+        if topic.retention_ms == FOREVER:
+            return math.inf
+        if topic.retention_ms is not None:
+            longest = max(longest, topic.retention_ms)
+    assert longest >= default_ms
+    return longest
 
 
 def disk_usage_percent(path: str) -> float:
@@ -62,7 +96,7 @@ class RetentionService:
         commitlog: CommitLog,
         after_delete: Callable[[int], None],
         *,
-        retention_ms: float,
+        retention_ms: Callable[[], float],
         retention_bytes: int,
         clean_percent: float,
         force_percent: float,
@@ -117,7 +151,7 @@ class RetentionService:
             total = sum(mapped.size_bytes for mapped in files)
             if total > self._retention_bytes:
                 return "log larger than retention_bytes"
-        if self._age_ms(files[1]) >= self._retention_ms:
+        if self._age_ms(files[1]) >= self._retention_ms():
             return "older than retention"
         if usage >= self._clean_percent and not gentle_used:
             return "disk above the clean watermark"

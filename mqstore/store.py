@@ -7,7 +7,7 @@ On disk (one store = one directory)::
     <root>/abort         present while a writer has the store open
     <root>/checkpoint    flushed and dispatched positions (two checksummed slots)
     <root>/topics        topic metadata (atomic JSON)
-    <root>/layout        file sizes the store was created with (mqstore.layout)
+    <root>/layout        layout and defaults recorded at creation (mqstore.layout)
     <root>/commitlog/    the CommitLog files
     <root>/consumequeue/ per topic and queue
     <root>/index/        key index files
@@ -51,6 +51,7 @@ from commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
     StoreError,
+    UnknownTopicError,
 )
 from commitlog.lock import StoreLock, clear_abort, mark_abort
 from commitlog.mapped_file import MappedFile
@@ -63,7 +64,7 @@ from mqstore import retention
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
 from mqstore.inbox import INBOX_DIR, Inbox
-from mqstore.layout import check_layout
+from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
 from mqstore.services import Scheduler
 from mqstore.topics import TopicRegistry
@@ -108,6 +109,8 @@ class MessageStore(CommitLogEngine):
         self.recovered_from_crash = False
         self._rebuild_derived = False
         self._retention: retention.RetentionService | None = None
+        self._described = {}  # describe_topic's cache (CommitLogEngine)
+        self._topic_guard = threading.Lock()  # serializes auto-creation (CommitLogEngine)
         self.inbox: Inbox | None = None  # writers only: appends other processes' spool files
         self._clock_ms: Callable[[], int] = _wall_clock_ms
         self._disk_usage: Callable[[], float] = _no_disk_usage
@@ -132,6 +135,9 @@ class MessageStore(CommitLogEngine):
         """Open (or create) the store at ``path``.
 
         Args:
+            config: settings for this open. A setting left out (or no config at all)
+                takes what the store recorded at creation (``mqstore.layout``): its
+                layout, flush mode and retention defaults; a new store records them.
             read_only: open without the writer lock, to read while a writer runs.
             clock_ms: the store clock (tests inject a fake one).
             disk_usage_percent: the disk-usage probe retention watches (tests inject one).
@@ -139,7 +145,8 @@ class MessageStore(CommitLogEngine):
         Raises:
             StoreLockedError: another writer has the store open.
             CorruptDataError: a file cannot be recovered (it names file and position).
-            ConfigError: ``config`` is not a StoreConfig.
+            ConfigError: ``config`` sets a layout other than the store's.
+            InvalidTypeError: ``config`` is not a StoreConfig.
         """
         if config is None:
             config = StoreConfig()
@@ -167,7 +174,8 @@ class MessageStore(CommitLogEngine):
         root, config, read_only = self.root, self.config, self.read_only
         if not read_only:
             self._lock = StoreLock.acquire(root)
-        check_layout(root, config, record=not read_only)  # before any file is touched
+        # Before any file is touched: adopt what the store recorded (layout, defaults).
+        self.config = config = resolve_config(root, config, record=not read_only)
         if not read_only:
             self.recovered_from_crash = mark_abort(root)
         self.topics = TopicRegistry(root, read_only)
@@ -219,6 +227,7 @@ class MessageStore(CommitLogEngine):
         if read_only:
             return
         self._recover_derived(checkpoint)
+        self._register_written_queues()  # a store from before puts registered topics
         self._start_services()
 
     def _recover_derived(self, checkpoint: Checkpoint | None) -> None:
@@ -308,7 +317,7 @@ class MessageStore(CommitLogEngine):
         self._retention = retention.RetentionService(
             self.commitlog,
             self._after_retention,
-            retention_ms=config.retention_hours * 3_600_000,
+            retention_ms=self._file_retention_ms,
             retention_bytes=config.retention_bytes,
             clean_percent=config.disk_clean_ratio_percent,
             force_percent=config.disk_force_ratio_percent,
@@ -348,18 +357,31 @@ class MessageStore(CommitLogEngine):
         self.consume_queues.correct_min_offsets(min_position)
         self.index.delete_files_before(min_position)
 
+    def _file_retention_ms(self) -> float:
+        """How old a CommitLog file may grow: the longest retention of any topic
+        (every file holds every topic), infinite when one keeps forever (-1)."""
+        return retention.file_retention_ms(
+            self.topics.all().values(), retention.hours_to_ms(self.config.retention_hours)
+        )
+
     def _apply_topic_retention(self) -> int:
-        """Move the log start of topics that have their own retention; return how
-        many queues moved."""
+        """Move the log start of topics that have their own retention, and of the
+        others too when files outlive the store default (a topic keeps longer);
+        return how many queues moved."""
         moved = 0
         now_ms = self.commitlog.now_ms()
+        default_ms = retention.hours_to_ms(self.config.retention_hours)
+        files_outlive_default = self._file_retention_ms() > default_ms
         for topic in self.topics.all().values():
-            if topic.retention_ms is None and topic.retention_bytes is None:
+            retention_ms = topic.retention_ms
+            if retention_ms is None and files_outlive_default:
+                retention_ms = default_ms
+            if retention_ms is None and topic.retention_bytes is None:
                 continue
             for partition in range(topic.partitions):
                 queue = self.consume_queues.queue(topic.name, partition)
                 start = retention.topic_start_offset(
-                    queue, now_ms, topic.retention_ms, topic.retention_bytes
+                    queue, now_ms, retention_ms, topic.retention_bytes
                 )
                 if start <= queue.min_offset:
                     continue
@@ -521,12 +543,20 @@ class MessageStore(CommitLogEngine):
 
         Raises:
             InvalidTypeError, InvalidArgumentError, LimitExceededError: bad input.
+            UnknownTopicError: ``queue_id`` is not a partition of ``topic`` and
+                ``auto_create_topics`` is off (on, the topic is created or grown).
             DiskFullError: no room, or writes rejected above the disk watermark.
             FlushTimeoutError: sync flush mode and the bytes were not durable in time.
         """
         dispatcher = self._dispatcher
         if self._closed or self.read_only or (dispatcher is not None and dispatcher.failure):
             self._check_writable()
+        try:  # one dict look-up when the queue is a partition of a topic
+            known = queue_id < self.topics.get(topic).partitions  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # no such topic, or bad input
+            known = False
+        if not known:
+            self._check_queue_for_write(topic, queue_id)
         result = self.commitlog.append(
             topic, queue_id, body, keys=keys, tag=tag, properties=properties,
             born_ts_ms=born_timestamp_ms,
@@ -588,6 +618,7 @@ class MessageStore(CommitLogEngine):
         second (a list of bodies, no keys or properties, is encoded in C).
         """
         self._check_writable()
+        self._check_queue_for_write(topic, queue_id)
         result = self.commitlog.append_batch(
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
             born_ts_ms=born_timestamp_ms,
@@ -616,6 +647,7 @@ class MessageStore(CommitLogEngine):
                 of the wrong length; and the errors of ``put_batch``.
         """
         self._check_writable()
+        self._check_queue_for_write(topic, queue_id)
         result = self.commitlog.append_slices(
             topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms
         )
@@ -629,6 +661,20 @@ class MessageStore(CommitLogEngine):
             and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
         ):
             dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
+
+    def _check_queue_for_write(self, topic: str, queue_id: int) -> None:
+        """Make (topic, queue_id) a partition of its topic if it is not one, when
+        ``auto_create_topics`` allows (see CommitLogEngine).
+
+        Raises:
+            UnknownTopicError: not a partition, and auto-creation is off.
+            InvalidArgumentError, InvalidTypeError: a bad topic name or queue id.
+        """
+        validate_topic(topic)
+        _check_queue_id(queue_id)
+        config = self.topics.get(topic)
+        if config is None or queue_id >= config.partitions:
+            self._create_queue(topic, int(queue_id))
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -649,6 +695,7 @@ class MessageStore(CommitLogEngine):
         dispatched: a reader sees every put that returned before its call."""
         validate_topic(topic)
         _check_queue_id(queue_id)
+        self._check_readable(topic, queue_id)  # reads never create a topic
         self._catch_up()
         return self.consume_queues.queue(topic, queue_id)
 
@@ -690,6 +737,7 @@ class MessageStore(CommitLogEngine):
         against its checksum; its body is a zero-copy view.
 
         Raises:
+            UnknownTopicError: ``queue_id`` is not a partition of ``topic``.
             OffsetOutOfRangeError: ``offset`` < min_offset or > max_offset.
             CorruptDataError: a record fails verification (never returned).
         """
@@ -816,6 +864,7 @@ class MessageStore(CommitLogEngine):
         so hash collisions never return a wrong message (apache/rocketmq#3613)."""
         self._check_open()
         validate_topic(topic)
+        self._topic_config(topic)  # UnknownTopicError: reads never create a topic
         if not isinstance(key, str):
             raise InvalidTypeError(f"key must be a str, not {type(key).__name__}")
         _check_offset(begin_timestamp_ms, "begin_timestamp_ms")
@@ -846,14 +895,33 @@ class MessageStore(CommitLogEngine):
     def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int) -> bool:
         """Long poll: block until a message at ``offset`` or later is readable.
 
+        A topic not yet created is waited for when a write may create it
+        (``auto_create_topics``), as a Kafka subscription waits for its topic.
+
         Returns:
             True when max_offset > offset, False when ``timeout_ms`` passed first.
+
+        Raises:
+            UnknownTopicError: not a partition of a topic, and auto-creation is off.
         """
         self._check_open()
         _check_offset(offset)
         _check_offset(timeout_ms, "timeout_ms")
-        queue = self._queue(topic, queue_id)
+        try:
+            queue = self._queue(topic, queue_id)
+        except UnknownTopicError:
+            if not self.config.auto_create_topics:
+                raise
+            return self._wait_until(lambda: self._created_past(topic, queue_id, offset), timeout_ms)
         return self._wait_until(lambda: queue.max_offset > offset, timeout_ms)
+
+    def _created_past(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether (topic, queue_id) is now a partition holding data past ``offset``."""
+        try:
+            self._check_readable(topic, queue_id)
+        except UnknownTopicError:
+            return False
+        return bool(self.consume_queues.queue(topic, queue_id).max_offset > offset)
 
     def _wait_until(self, ready: Callable[[], bool], timeout_ms: int) -> bool:
         """Wait for ``ready()``: woken by dispatch rounds, or polling a writer's

@@ -44,7 +44,14 @@ CLEANUP_POLICIES: Final = ("delete",)
 
 @attrs.frozen(kw_only=True)
 class TopicConfig:
-    """One topic's metadata. ``retention_*`` None means the store's default."""
+    """One topic's metadata, as created.
+
+    ``retention_ms``: -1 keeps records for ever, None (left out) takes the store's
+    default (``retention_hours``), else the age in ms. ``retention_bytes``: per
+    partition; -1 or None, no limit. ``describe_topic`` also fills the
+    ``effective_*`` fields: the value in force and where it comes from ("topic" or
+    the store setting); they are never persisted and never compared.
+    """
 
     name: str
     partitions: int
@@ -53,11 +60,40 @@ class TopicConfig:
     retention_bytes: int | None = None
     cleanup_policy: Literal["delete"] = "delete"
     created_ms: int = 0
+    effective_retention_ms: int | None = attrs.field(default=None, eq=False)
+    effective_retention_ms_source: str | None = attrs.field(default=None, eq=False)
+    effective_retention_bytes: int | None = attrs.field(default=None, eq=False)
+    effective_retention_bytes_source: str | None = attrs.field(default=None, eq=False)
 
     def to_json(self) -> dict[str, Any]:
-        data = attrs.asdict(self)
+        """The persisted fields (not the name, not the ``effective_*`` ones)."""
+        data = attrs.asdict(self, filter=lambda field, _: field.name not in _DESCRIBED)
         del data["name"]
         return data
+
+    def described(self, default_retention_ms: int, default_source: str) -> TopicConfig:
+        """This config with its ``effective_*`` fields filled in, given the store's
+        default retention (and the setting it comes from)."""
+        if self.retention_ms is None:
+            retention_ms, ms_source = default_retention_ms, default_source
+        else:
+            retention_ms, ms_source = self.retention_ms, "topic"
+        if self.retention_bytes is None:
+            retention_bytes, bytes_source = -1, "default"
+        else:
+            retention_bytes, bytes_source = self.retention_bytes, "topic"
+        return attrs.evolve(
+            self,
+            effective_retention_ms=retention_ms,
+            effective_retention_ms_source=ms_source,
+            effective_retention_bytes=retention_bytes,
+            effective_retention_bytes_source=bytes_source,
+        )
+
+
+_DESCRIBED: Final = frozenset(
+    field.name for field in attrs.fields(TopicConfig) if field.name.startswith("effective_")
+)
 
 
 def check_topic_config(config: TopicConfig) -> None:

@@ -48,6 +48,11 @@ def _int(low: int, high: int) -> _Validator:
     return _checked(v.instance_of(int), v.ge(low), v.le(high))
 
 
+def _bool(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"SegmentedConfig.{attribute.name}: must be a bool, not {value!r}")
+
+
 def _unlimited_or(low: int, high: int) -> _Validator:
     """-1 (unlimited, as Kafka writes it) or a value in [low, high]."""
 
@@ -81,6 +86,9 @@ class SegmentedConfig:
         recovery_point_checkpoint_interval_ms: period of writing the recovery points.
         inactive_index_maps_max: index files of inactive segments mapped at once, in
             the whole store (each costs one fd); the least recently used are unmapped.
+        auto_create_topics: a write to a topic that does not exist creates it with
+            auto_create_topic_partitions partitions (auto.create.topics.enable,
+            num.partitions); False refuses it with UnknownTopicError.
     """
 
     segment_bytes: int = attrs.field(default=GIB, validator=_int(SEGMENT_BYTES_MIN, INT32_MAX))
@@ -105,3 +113,5 @@ class SegmentedConfig:
         default=60_000, validator=_int(1, DAY_MS)
     )
     inactive_index_maps_max: int = attrs.field(default=1024, validator=_int(2, 100_000))
+    auto_create_topics: bool = attrs.field(default=True, validator=_bool)
+    auto_create_topic_partitions: int = attrs.field(default=1, validator=_int(1, 1 << 20))

@@ -361,11 +361,53 @@ class SegmentedStore:
         return self.topics.all()
 
     def describe_topic(self, name: str) -> TopicConfig:
-        """Raises UnknownTopicError if ``name`` is not a topic."""
+        """The topic's config, with the retention in force (``effective_*``).
+
+        Raises:
+            UnknownTopicError: ``name`` is not a topic.
+        """
         config = self.topics.get(name)
         if config is None:
             raise UnknownTopicError(f"unknown topic {name!r}")
-        return config
+        default_ms = self.config.retention_ms
+        described = config.described(default_ms, f"store default, retention_ms={default_ms}")
+        if config.retention_bytes is None and self.config.retention_bytes != -1:
+            size = self.config.retention_bytes
+            described = attrs.evolve(
+                described,
+                effective_retention_bytes=size,
+                effective_retention_bytes_source=f"store default, retention_bytes={size}",
+            )
+        return described
+
+    @property
+    def auto_create_topics(self) -> bool:
+        """Whether a write to a topic that does not exist creates it."""
+        return self.config.auto_create_topics
+
+    def topic_for_write(self, name: str) -> TopicConfig:
+        """The topic a write goes to, created with ``auto_create_topic_partitions``
+        partitions if it does not exist and ``auto_create_topics`` is on (Kafka's
+        auto.create.topics.enable and num.partitions).
+
+        Raises:
+            UnknownTopicError: no such topic and auto-creation is off.
+        """
+        config = self.topics.get(name)
+        if config is not None:
+            return config
+        validate_topic(name)
+        if not self.config.auto_create_topics:
+            raise UnknownTopicError(
+                f"unknown topic {name!r} (auto_create_topics is off: create it first)"
+            )
+        try:
+            return self.create_topic(name, self.config.auto_create_topic_partitions)
+        except InvalidArgumentError:  # another thread created it first
+            config = self.topics.get(name)
+            if config is None:
+                raise
+            return config
 
     def add_partitions(self, name: str, partitions: int) -> TopicConfig:
         """Grow ``name`` to ``partitions`` partitions in total (Kafka's
@@ -377,7 +419,9 @@ class SegmentedStore:
         """
         self._check_open()
         with self._admin_lock:
-            config = self.describe_topic(name)
+            self.describe_topic(name)  # UnknownTopicError
+            config = self.topics.get(name)
+            assert config is not None
             grown = attrs.evolve(config, partitions=partitions)
             check_topic_config(grown)
             if partitions <= config.partitions:
@@ -414,7 +458,8 @@ class SegmentedStore:
             or value, or no headers).
 
         Raises:
-            UnknownTopicError: no such topic or partition.
+            UnknownTopicError: no such partition, or no such topic and
+                ``auto_create_topics`` is off (on, it is created first).
             InvalidTypeError, InvalidArgumentError: bad records (nothing appended).
             LimitExceededError: the batch is over max_message_size_bytes or
                 segment_bytes (nothing appended).
@@ -424,6 +469,8 @@ class SegmentedStore:
             StoreClosedError: the store is closed.
         """
         self._check_open()
+        if self.topics.get(topic) is None:
+            self.topic_for_write(topic)  # auto-creates, or UnknownTopicError
         partition_log = self._log(topic, partition)
         built = batch_builder.build(
             records, self._clock_ms(), partition_log.log_append_time, self._batch_size_max_bytes

@@ -197,6 +197,27 @@ def _born_times_ms(column: pa.Array) -> np.ndarray | None:
     return stamps
 
 
+def _partitions_for_write(topics: Any, topic: str) -> int:
+    """The partition count rows of ``topic`` are spread over. The writer creates an
+    unknown topic now when the store auto-creates topics (the store's one rule); a
+    spooling task (read-only view) cannot create it: it spreads rows over its own
+    config's ``auto_create_topic_partitions`` and the writer creates the topic when
+    it appends the spool file (with its own setting: rows past the writer's count
+    are refused with SpoolRejectedError, so both should agree; both default to 1).
+
+    Raises:
+        UnknownTopicError: no such topic, and the store does not auto-create topics.
+    """
+    if not topics.read_only:
+        return int(topics.topic_for_write(topic).partitions)
+    try:
+        return int(topics.describe_topic(topic).partitions)
+    except UnknownTopicError:
+        if not topics.auto_create_topics:
+            raise
+        return int(topics.config.auto_create_topic_partitions)
+
+
 class _Appender:
     """Appends Arrow batches, grouped per (topic, partition), to ``store``: the store
     opened as the writer, or a ``_SpoolSink``. ``topics`` answers describe_topic."""
@@ -276,7 +297,7 @@ class _Appender:
     def _partition_count(self, topic: str) -> int:
         count = self._partitions.get(topic)
         if count is None:
-            count = self.topics.describe_topic(topic).partitions
+            count = _partitions_for_write(self.topics, topic)
             self._partitions[topic] = count
         return count
 

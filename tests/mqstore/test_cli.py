@@ -199,10 +199,109 @@ def test_user_errors_exit_1_with_one_line(
     assert_one_line_error(mqstore(populated, *args, code=1), *needles)
 
 
+def test_produce_file_states_what_it_wrote_before_a_bad_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    mqstore(store, "topics", "create", "orders")
+    events = tmp_path / "events.txt"
+    events.write_bytes(b"a:1\nb:2\nno separator\nc:3\n")
+    result = mqstore(store, "produce", "orders", "--file", str(events), "--key-separator", ":",
+                     code=1)  # fmt: skip
+    assert b"produced 2 record(s) to orders before the error (partition 0 offsets 0-1)" in (
+        result.stdout
+    )
+    assert_one_line_error(result, "line 3 has no key separator")
+    assert mqstore(store, "consume", "orders").stdout == b"1\n2\n"  # as stated
+    again = mqstore(store, "produce", "orders", "--json", "--key-separator", ":",
+                    stdin=b"d:4\nbad\n", code=1)  # fmt: skip
+    [partial] = json_lines(again)
+    assert partial["complete"] is False
+    assert partial["partitions"] == {"0": {"records": 1, "first_offset": 2, "last_offset": 2}}
+
+
+@pytest.mark.parametrize("content", ["empty", "foreign"])
+def test_verify_on_a_directory_that_is_not_a_store_fails(tmp_path: Path, content: str) -> None:
+    directory = tmp_path / "not-a-store"
+    directory.mkdir()
+    if content == "foreign":
+        (directory / "notes.txt").write_text("hello")
+    result = mqstore(directory, "verify", code=1)
+    assert_one_line_error(result, "no store at", "nothing to verify")
+    assert b"no problems" not in result.stdout
+
+
+def test_cli_follows_the_one_topic_rule(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    off = ("--config", "auto_create_topics=false")
+    mqstore(store, "topics", "create", "seed")
+    assert_one_line_error(
+        mqstore(store, *off, "produce", "audit", stdin=b"x\n", code=1), "unknown topic 'audit'"
+    )
+    assert b"audit" not in mqstore(store, "topics", "list").stdout
+    mqstore(store, "produce", "audit", "--key", "k1", stdin=b"x\n")  # auto-created
+    assert mqstore(store, "topics", "list").stdout.split() == [b"audit", b"seed"]
+    assert mqstore(store, "consume", "audit").stdout == b"x\n"
+    assert b"Keys:k1" in mqstore(store, "query-key", "audit", "k1").stdout
+    assert b"audit" in mqstore(store, "offsets", "audit").stdout
+    for command in (["consume", "nope"], ["offsets", "nope"], ["query-key", "nope", "k"]):
+        assert_one_line_error(mqstore(store, *command, code=1), "unknown topic 'nope'")
+    assert b"nope" not in mqstore(store, "topics", "list").stdout  # reads never create
+
+
 def test_missing_store_is_a_user_error(tmp_path: Path) -> None:
     result = mqstore(tmp_path / "absent", "topics", "list", code=1)
     assert_one_line_error(result, "no store at")
     assert not (tmp_path / "absent").exists()  # reading never creates a store
+
+
+def test_a_service_store_opens_under_another_mqstore_config(tmp_path: Path) -> None:
+    """The README's order: the service example creates ./data with its sizes, then the
+    CLI section exports MQSTORE_CONFIG with other ones (here 1 MiB files)."""
+    from mqstore import MessageStore, StoreConfig
+
+    store = tmp_path / "data"
+    service = StoreConfig(
+        commitlog_file_size_bytes=2 * 1048576, consumequeue_units_per_file=2048,
+        index_slot_count=1024, index_entry_count=4096, prewarm=False, flush_mode="sync",
+    )  # fmt: skip
+    with MessageStore.open(store, service) as opened:
+        opened.create_topic("orders", partitions=2)
+        opened.put("orders", 0, b"from the service")
+    described = mqstore(store, "topics", "describe", "orders").stdout.decode()
+    assert described.startswith("Topic: orders\tPartitions: 2")
+    mqstore(store, "produce", "orders", stdin=b"a\nb\n")
+    consumed = mqstore(store, "consume", "orders").stdout.decode()
+    assert sorted(consumed.splitlines()) == ["a", "b", "from the service"]
+    assert (store / "commitlog" / f"{0:020d}").stat().st_size == 2 * 1048576
+    # Only an explicit --config that contradicts the layout is refused, and named.
+    refused = mqstore(store, "--config", "commitlog_file_size_bytes=1048576", "stats", code=1)
+    assert_one_line_error(
+        refused,
+        "--config commitlog_file_size_bytes=1048576 does not match",
+        "created with commitlog_file_size_bytes=2097152",
+    )
+
+
+@pytest.mark.parametrize("setting", ["commitlog_file_size=67108864", "prewarm", "prewarm=maybe"])
+def test_a_bad_mqstore_config_is_a_one_line_error(tmp_path: Path, setting: str) -> None:
+    store = tmp_path / "s"
+    env = {"MQSTORE_CONFIG": f"prewarm=false {setting}"}
+    result = mqstore(store, "topics", "create", "t", env=env, code=1)
+    assert_one_line_error(result, f"bad $MQSTORE_CONFIG item {setting!r}")
+    assert not store.exists()  # nothing was created with a misread config
+
+
+def test_topics_show_the_retention_in_force(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    created = mqstore(store, "topics", "create", "usual").stdout.decode()
+    assert "retention_ms 259200000 (store default, retention_hours=72.0)" in created
+    mqstore(store, "topics", "create", "forever", "--retention-ms", "-1")
+    text = mqstore(store, "topics", "describe", "forever", "usual").stdout.decode()
+    assert "RetentionMs: -1 (forever, topic)\tRetentionBytes: -1 (no limit, default)" in text
+    assert "RetentionMs: 259200000 (store default, retention_hours=72.0)" in text
+    described = json_lines(mqstore(store, "topics", "describe", "usual", "--json"))[0]
+    assert described["retention_ms"] is None  # as created: left out
+    assert described["effective_retention_ms"] == 259200000
+    assert described["effective_retention_ms_source"] == "store default, retention_hours=72.0"
 
 
 def test_debug_shows_the_traceback(populated: Path) -> None:

@@ -174,6 +174,9 @@ class _FailingStore:
     def describe_topic(self, name):
         return self.store.describe_topic(name)
 
+    def topic_for_write(self, name):
+        return self.store.topic_for_write(name)
+
     def stats(self):
         return self.store.stats()
 

@@ -251,7 +251,8 @@ def test_subscribe_pattern_and_topic_admin(engine):
     assert KafkaProducer(engine).partitions_for("logs.b") == {0, 1, 2}
 
 
-def test_bad_input_to_the_adapter(engine):
+def test_bad_input_to_the_adapter(engine_factory):
+    engine = engine_factory(auto_create_topics=False)  # "missing" stays unknown
     engine.create_topic("ok", 2)
     producer = KafkaProducer(engine)
     with pytest.raises(UnknownTopicError):
@@ -342,3 +343,66 @@ def test_polls_go_on_after_the_last_partition_read(engine):
             order += [(tp.partition, int(r.value)) for r in records]
     assert order == [(i // 5, i) for i in range(40)]
     assert calls == list(range(8))  # no re-read of a drained partition
+
+
+# ---------------------------------------------------------------- kafka-python habits
+
+
+def test_assign_and_subscribe_are_exclusive_with_illegal_state_error(engine):
+    from mqstore import IllegalStateError, StoreError
+
+    engine.create_topic("t", 2)
+    subscribed = KafkaConsumer("t", store=engine)
+    with pytest.raises(IllegalStateError):
+        subscribed.assign([TopicPartition("t", 0)])
+    assigned = KafkaConsumer(store=engine)
+    assigned.assign([TopicPartition("t", 0)])
+    with pytest.raises(IllegalStateError) as caught:
+        assigned.subscribe(["t"])
+    assert isinstance(caught.value, StoreError)
+    assigned.unsubscribe()  # then either is allowed again, as in kafka-python
+    assigned.subscribe(["t"])
+    assert assigned.assignment() == {TopicPartition("t", 0), TopicPartition("t", 1)}
+
+
+def test_a_rebalance_listener_hears_of_every_assignment_change(engine):
+    from mqstore import ConsumerRebalanceListener
+
+    calls = []
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            calls.append(("revoked", revoked))
+
+        def on_partitions_assigned(self, assigned):
+            calls.append(("assigned", assigned))
+
+    engine.create_topic("t", 2)
+    consumer = KafkaConsumer(store=engine)
+    consumer.subscribe(["t"], listener=Listener())
+    both = {TopicPartition("t", 0), TopicPartition("t", 1)}
+    assert calls == [("assigned", both)]
+    engine.add_partitions("t", 3)
+    consumer.poll(timeout_ms=0)  # the next poll sees the new partition
+    assert calls[1:] == [("revoked", both), ("assigned", both | {TopicPartition("t", 2)})]
+    consumer.unsubscribe()
+    assert calls[-1][0] == "revoked"
+    with pytest.raises(InvalidTypeError):
+        consumer.subscribe(["t"], listener=lambda *a: None)
+
+
+def test_metrics_have_kafka_pythons_shape_and_true_counts(engine):
+    engine.create_topic("t", 1)
+    producer = KafkaProducer(store=engine)  # store as a keyword, like the consumer
+    for i in range(5):
+        producer.send("t", b"v%d" % i)
+    sent = producer.metrics()["producer-metrics"]
+    assert sent["record-send-total"] == 5
+    assert sent["record-error-total"] == 0
+    assert sent["buffer-available-bytes"] == sent["buffer-total-bytes"]
+    consumer = KafkaConsumer("t", store=engine, group_id="g", auto_offset_reset="earliest")
+    assert len(_drain(consumer, 5)) == 5
+    consumer.commit()
+    metrics = consumer.metrics()
+    assert metrics["consumer-fetch-manager-metrics"]["records-consumed-total"] == 5
+    assert metrics["consumer-coordinator-metrics"] == {"assigned-partitions": 1, "commit-total": 1}

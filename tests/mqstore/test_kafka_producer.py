@@ -209,11 +209,11 @@ def test_send_batch_lands_after_the_partitions_buffered_sends(store):
 
 @pytest.mark.parametrize("linger_ms", [0, 5])
 def test_a_send_racing_close_is_appended_or_refused(store, linger_ms):
-    """The send passes its closed check, then waits (in describe_topic) until close()
+    """The send passes its closed check, then waits (in topic_for_write) until close()
     has returned: it must then be refused, or appended and resolved, never hang."""
     store.create_topic("r", 1)
     producer = KafkaProducer(store, linger_ms=linger_ms, batch_size=1 << 30)
-    describe = store.describe_topic
+    describe = store.topic_for_write
     in_send, closed = threading.Event(), threading.Event()
 
     def slow_describe(name):
@@ -222,7 +222,7 @@ def test_a_send_racing_close_is_appended_or_refused(store, linger_ms):
             closed.wait(5)
         return describe(name)
 
-    store.describe_topic = slow_describe
+    store.topic_for_write = slow_describe
     outcome = {}
 
     def racer():

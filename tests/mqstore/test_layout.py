@@ -9,8 +9,9 @@ import os
 import pytest
 
 from mqstore import ConfigError, CorruptDataError, MessageStore, StoreConfig
+from mqstore.atomic import json_checksum
 from mqstore.cli_verify import disk_layout
-from mqstore.layout import LAYOUT_FILE, load_layout
+from mqstore.layout import LAYOUT_FILE, load_defaults, load_layout
 from mqstore.spark.store_access import layout_config
 
 SMALL = dict(commitlog_file_size_bytes=256 * 1024, consumequeue_units_per_file=64, prewarm=False)
@@ -56,3 +57,62 @@ def test_a_damaged_layout_is_corrupt_data(tmp_path):
         json.dump(document, handle)
     with pytest.raises(CorruptDataError):
         MessageStore.open(path, StoreConfig(**SMALL))
+
+
+RECORDED = dict(SMALL, flush_mode="sync", retention_hours=5.0, retention_bytes=1 << 30)
+
+
+def test_any_process_opens_any_store_without_its_config(tmp_path):
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, StoreConfig(**RECORDED)) as store:
+        store.put("t", 0, b"first")
+    with MessageStore.open(path, read_only=True) as reader:  # no config at all
+        assert [bytes(m.body) for m in reader.get("t", 0, 0, 5)] == [b"first"]
+        assert reader.config.commitlog_file_size_bytes == 256 * 1024
+        assert (reader.config.flush_mode, reader.config.retention_hours) == ("sync", 5.0)
+    with MessageStore.open(path) as writer:  # a writer with no config adopts it too
+        assert writer.config.consumequeue_units_per_file == 64
+        assert writer.config.retention_bytes == 1 << 30
+        writer.put("t", 0, b"second")
+    with MessageStore.open(path, StoreConfig(prewarm=False), read_only=True) as reader:
+        assert [bytes(m.body) for m in reader.get("t", 0, 0, 5)] == [b"first", b"second"]
+        assert reader.config.commitlog_file_size_bytes == 256 * 1024  # the rest adopted
+
+
+def test_an_explicit_conflicting_layout_names_its_source(tmp_path):
+    path = str(tmp_path / "s")
+    MessageStore.open(path, StoreConfig(**SMALL)).close()
+    with pytest.raises(ConfigError) as caught:
+        MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=512 * 1024))
+    message = str(caught.value)
+    assert "StoreConfig(commitlog_file_size_bytes=524288)" in message
+    assert "created with commitlog_file_size_bytes=262144" in message
+
+
+def test_recorded_defaults_are_overridable_per_open_and_never_rewritten(tmp_path):
+    path = str(tmp_path / "s")
+    MessageStore.open(path, StoreConfig(**RECORDED)).close()
+    with MessageStore.open(path, StoreConfig(flush_mode="async", retention_hours=1.0)) as store:
+        assert (store.config.flush_mode, store.config.retention_hours) == ("async", 1.0)
+        assert store.config.commitlog_file_size_bytes == 256 * 1024
+    with MessageStore.open(path, read_only=True) as reader:  # the record is unchanged
+        assert (reader.config.flush_mode, reader.config.retention_hours) == ("sync", 5.0)
+
+
+def test_a_version_1_layout_is_read_and_upgraded_by_a_writer(tmp_path):
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, StoreConfig(**SMALL)) as store:
+        store.put("t", 0, b"old")
+    layout = {"commitlog_file_size_bytes": 256 * 1024, "consumequeue_units_per_file": 64}
+    with open(os.path.join(path, LAYOUT_FILE), "w") as handle:  # as older versions wrote it
+        json.dump({"layout": layout, "checksum": json_checksum(layout)}, handle)
+    with MessageStore.open(path, read_only=True) as reader:
+        assert reader.config.commitlog_file_size_bytes == 256 * 1024
+        assert [bytes(m.body) for m in reader.get("t", 0, 0, 5)] == [b"old"]
+    assert load_defaults(path) == {}
+    MessageStore.open(path, StoreConfig(flush_mode="sync")).close()
+    with open(os.path.join(path, LAYOUT_FILE)) as handle:
+        assert json.load(handle)["version"] == 2
+    assert load_layout(path) == layout
+    assert load_defaults(path) == {"flush_mode": "sync", "retention_hours": 72.0,
+                                   "retention_bytes": -1}  # fmt: skip

@@ -211,3 +211,41 @@ def test_read_only_store_follows_the_writers_retention(tmp_path, world):
             assert reader.get("t", 0, start, 1)[0].queue_offset == start
     finally:
         writer.close()
+
+
+def test_a_topic_kept_forever_survives_retention_and_the_others_keep_the_default(store, world):
+    store.create_topic("forever", 1, retention_ms=-1)
+    store.create_topic("usual", 1)  # left out: the store's retention_hours (1 h here)
+    for i in range(300):  # ~480 B each, two topics: several 64 KiB files
+        store.put("forever", 0, b"f%05d" % i + b"." * 400)
+        store.put("usual", 0, b"u%05d" % i + b"." * 400)
+    world.now_ms += 2 * HOUR_MS
+    store.put("forever", 0, b"new")
+    store.put("usual", 0, b"new")
+    assert store.commitlog.file_count >= 4
+    store.run_retention()
+    assert store.min_offset("forever", 0) == 0
+    assert len(store.get("forever", 0, 0, 1000)) == 301
+    assert store.min_offset("usual", 0) == 300  # past the store default: unreadable
+    assert [bytes(m.body) for m in store.get("usual", 0, 300, 5)] == [b"new"]
+
+
+def test_describe_topic_shows_the_retention_in_force(store):
+    store.create_topic("forever", 1, retention_ms=-1)
+    store.create_topic("usual", 1)
+    store.create_topic("capped", 1, retention_ms=60_000, retention_bytes=4096)
+    usual = store.describe_topic("usual")
+    assert usual.retention_ms is None  # as created: left out
+    assert (usual.effective_retention_ms, usual.effective_retention_ms_source) == (
+        HOUR_MS,
+        "store default, retention_hours=1.0",
+    )
+    forever = store.describe_topic("forever")
+    assert (forever.effective_retention_ms, forever.effective_retention_ms_source) == (-1, "topic")
+    capped = store.describe_topic("capped")
+    assert (capped.effective_retention_ms, capped.effective_retention_bytes) == (60_000, 4096)
+    assert (usual.effective_retention_bytes, usual.effective_retention_bytes_source) == (
+        -1,
+        "default",
+    )
+    assert store.list_topics()["usual"] == usual  # the effective fields are not compared

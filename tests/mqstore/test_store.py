@@ -285,6 +285,7 @@ def test_100k_queues_in_one_store(tmp_path):
                             "checkpoint_interval_ms": 600_000})  # fmt: skip
     try:
         with MessageStore.open(root, config) as store:
+            store.create_topic("wide", queues)  # not grown one put (and one write) at a time
             fds_before = len(os.listdir("/proc/self/fd"))
             for start in range(0, queues, 1000):
                 for queue_id in range(start, start + 1000):

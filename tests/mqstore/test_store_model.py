@@ -2,6 +2,8 @@
 
 Rules: put, put_batch, get, query by key, offset for time, close and reopen, and
 crash and reopen (services stopped as a SIGKILL would, no checkpoint, abort left).
+The topic rule is modelled too: a put to queue q makes its topic have at least q + 1
+partitions; a read of a queue that is not a partition raises UnknownTopicError.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mqstore import MessageStore, StoreConfig
+from mqstore import MessageStore, StoreConfig, UnknownTopicError
 from tests.mqstore.conftest import SMALL
 
 TOPICS = ("alpha", "beta")
@@ -42,6 +45,10 @@ class StoreModel(RuleBasedStateMachine):
     def now(self) -> int:
         return self.clock
 
+    def _is_partition(self, topic: str, queue_id: int) -> bool:
+        """The model's topic rule: partitions = 1 + the largest queue put to."""
+        return any(t == topic and q >= queue_id for t, q in self.model)
+
     def _settle(self, topic: str, queue_id: int) -> None:
         expected = len(self.model.get((topic, queue_id), []))
         if expected:
@@ -69,6 +76,10 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(topic=topic_st, queue_id=queue_st, data=st.data())
     def get(self, topic, queue_id, data):
+        if not self._is_partition(topic, queue_id):
+            with pytest.raises(UnknownTopicError):
+                self.store.get(topic, queue_id, 0, 1)
+            return
         self._settle(topic, queue_id)
         entries = self.model.get((topic, queue_id), [])
         offset = data.draw(st.integers(0, len(entries)))
@@ -81,6 +92,10 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(topic=topic_st, key=st.sampled_from(KEYS), limit=st.integers(1, 10))
     def query(self, topic, key, limit):
+        if not self._is_partition(topic, 0):
+            with pytest.raises(UnknownTopicError):
+                self.store.query_by_key(topic, key, 0, 2**62, limit)
+            return
         for queue_id in QUEUES:
             self._settle(topic, queue_id)
         hits = self.store.query_by_key(topic, key, 0, 2**62, limit)
@@ -98,6 +113,10 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(topic=topic_st, queue_id=queue_st, delta=st.integers(-2, 5))
     def offset_for_time(self, topic, queue_id, delta):
+        if not self._is_partition(topic, queue_id):
+            with pytest.raises(UnknownTopicError):
+                self.store.offset_for_time(topic, queue_id, self.clock)
+            return
         self._settle(topic, queue_id)
         entries = self.model.get((topic, queue_id), [])
         target = self.clock - delta
