@@ -29,6 +29,10 @@ checked with the crash harness's verifier, plus:
   the floor of reported commits is dropped after such a loss (a consumer whose commit
   lies past the new end rewinds by ``auto_offset_reset``).
 
+Recovery repairs derived data only when the page cache may have been lost, which it
+tells by the boot id recorded in ``abort`` (commitlog/lock.py); a PowerFS cut does not
+reboot the machine, so the harness turns that shortcut off in its processes too.
+
 syncfs(2) is invisible to a FUSE daemon (Linux sends FUSE_SYNCFS to virtiofs only): a
 store that made data durable with one syncfs would look lossy here although a real disk
 keeps that data. The harness therefore turns the ConsumeQueue's syncfs shortcut off
@@ -285,15 +289,20 @@ class PowerHarness(Harness):
 
 @contextlib.contextmanager
 def per_path_syncs() -> Iterator[None]:
-    """Turn off the ConsumeQueue's syncfs shortcut, which PowerFS cannot observe."""
+    """Turn off the ConsumeQueue's syncfs shortcut, which PowerFS cannot observe; and
+    tell recovery that an unclean stop on this boot may still be a power cut (PowerFS
+    cuts power without rebooting the machine, so the boot id cannot tell)."""
+    from commitlog import lock
     from consumequeue import file_cache
 
-    saved = file_cache.SYNCFS_MIN_PATHS
+    saved = file_cache.SYNCFS_MIN_PATHS, lock.trust_same_boot
     setattr(file_cache, "SYNCFS_MIN_PATHS", sys.maxsize)  # noqa: B010 (Final in the module)
+    lock.trust_same_boot = False
     try:
         yield
     finally:
-        setattr(file_cache, "SYNCFS_MIN_PATHS", saved)  # noqa: B010
+        setattr(file_cache, "SYNCFS_MIN_PATHS", saved[0])  # noqa: B010
+        lock.trust_same_boot = saved[1]
 
 
 def _fsync_directory(path: str) -> None:

@@ -8,7 +8,10 @@ pid is written into the file for operators; it is informational only.
 
 ``<root>/abort`` exists while a writer has the store open. Finding it at open means
 the last writer did not close cleanly, and recovery must scan instead of trusting
-the checkpoint.
+the checkpoint. It holds the kernel's boot id of the writer's open: the same boot id
+at the next open means the process died but the machine did not, so the page cache,
+and every byte written through it, survived; another (or none) means a power cut or
+a kernel crash may have lost or torn anything no sync covered (``power_loss_possible``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import errno
 import fcntl
 import os
 
-from commitlog.durable import fsync_directory
+from commitlog.durable import fsync_directory, fsync_file
 from commitlog.errors import StoreLockedError
 
 __all__ = ["ABORT_NAME", "LOCK_NAME", "StoreLock", "clear_abort", "mark_abort"]
@@ -75,12 +78,52 @@ def _read_holder(fd: int) -> str:
     return f" (pid {text})" if text.isdigit() else ""
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+BOOT_ID_BYTES_MAX = 64  # a UUID with its newline is 37 bytes
+#: A simulated power cut (bench/powerloss.py) does not reboot the machine: the harness
+#: turns this off so that recovery treats every unclean stop as a possible power cut.
+trust_same_boot = True
+
+
+def boot_id() -> str:
+    """The kernel's boot id ("" where there is none): it changes at every boot."""
+    try:
+        with open(BOOT_ID_PATH) as handle:
+            return handle.read(BOOT_ID_BYTES_MAX).strip()
+    except OSError:
+        return ""
+
+
+def read_abort(root: str) -> str | None:
+    """The boot id in ``<root>/abort`` ("" if it holds none), or None if there is no
+    marker (the last writer closed cleanly)."""
+    try:
+        with open(os.path.join(root, ABORT_NAME), "rb") as handle:
+            return handle.read(BOOT_ID_BYTES_MAX).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return None
+
+
+def power_loss_possible(marker: str | None) -> bool:
+    """Whether an unclean stop recorded as ``marker`` (from ``read_abort``) may have
+    lost the page cache: the machine rebooted since, or nobody can tell."""
+    if marker is None:
+        return False
+    current = boot_id()
+    return not (trust_same_boot and current and marker == current)
+
+
 def mark_abort(root: str) -> bool:
-    """Create ``<root>/abort`` durably; return True if it was already there (a crash)."""
+    """Create ``<root>/abort`` durably, holding this boot's id; return True if it was
+    already there (a crash)."""
     path = os.path.join(root, ABORT_NAME)
     existed = os.path.exists(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    os.close(fd)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (boot_id() + "\n").encode("ascii"))
+        fsync_file(fd, path)
+    finally:
+        os.close(fd)
     fsync_directory(root)
     return existed
 

@@ -388,43 +388,60 @@ class ConsumeQueue:
             cut = self._search_commitlog(commitlog_end, self._first_offset, self._max_offset)
             self._truncate(cut)
 
-    def recover_tail(self, commitlog_claim: int, commitlog_min: int, verify: UnitVerifier) -> int:
+    def recover_tail(
+        self, commitlog_claim: int, commitlog_min: int, verify: UnitVerifier
+    ) -> tuple[int, int | None]:
         """After a power cut: keep the units the checkpoint vouches for, drop the rest.
 
         Every unit of a record before ``commitlog_claim`` (the checkpoint's dispatched
         position) was synced before the checkpoint was written, so those units, a prefix
         of the queue, are intact. What the queue holds after them was written later and
-        may be torn, zero, or in a file whose size or name did not survive. The newest
+        may be torn, zero, or in a file whose size or header did not survive. The newest
         intact unit is found walking back from the end: the first unit that points
         below the claim at a record ``verify`` confirms as this queue's record at that
         queue offset (one CommitLog read for a queue the cut did not touch). A unit
         below ``commitlog_min`` cannot be verified (retention deleted its record): the
         walk stops at the first such unit that is in order with the one before it, so
-        offsets are never reused (a torn one at worst skips a few). A file that cannot
-        be read at all was created after the claim (an older one would be intact) and
-        is deleted with every newer file. Re-dispatch from the claim rebuilds the rest.
+        offsets are never reused (a torn one at worst skips a few). The queue is loaded
+        leniently (sizes only; each kept unit is verified here instead). A file that
+        cannot be read at all (its size or header) is deleted with every newer file,
+        and the position after the last kept unit's record is returned, so that
+        re-dispatch starts there and puts back whatever those files held.
 
         Returns:
-            How many units past the kept ones were dropped (0: nothing was touched).
+            (units dropped, rebuild_from): ``rebuild_from`` is None unless whole files
+            were dropped; then re-dispatch must start at or before it.
         """
         with self._ctx.lock:
+            dropped_files = False
             for _ in range(DAMAGED_FILE_DROPS_MAX):
                 try:
-                    self._enter_for_write()
+                    self._enter_for_write(lenient=True)
                     break
                 except CorruptDataError as error:
                     self._drop_damaged_files(error)
+                    dropped_files = True
             else:
-                self._enter_for_write()  # still failing: the queue is corrupt, not torn
-            if self._first_offset == self._max_offset:
-                return 0
-            end = self._file_hi * self._upf  # garbage may lie past max_offset too
-            keep = self._intact_end(commitlog_claim, commitlog_min, verify)
-            dropped = self._max_offset - keep
-            if keep < end and (dropped or self._has_units_past_max()):
-                self._max_offset = end  # so that _truncate zeroes the whole tail
-                self._truncate(keep)
-            return max(dropped, 0)
+                self._enter_for_write(lenient=True)  # still failing: corrupt, not torn
+            dropped = 0
+            if self._first_offset < self._max_offset or self._garbage_end() > 0:
+                keep = self._intact_end(commitlog_claim, commitlog_min, verify)
+                dropped = self._max_offset - keep
+                garbage_end = self._garbage_end()
+                if dropped > 0 or garbage_end > 0:
+                    newest = self._file_hi - 1
+                    self._max_offset = max(self._max_offset, newest * self._upf + garbage_end)
+                    self._truncate(keep)
+            rebuild_from = None
+            if dropped_files:  # the record after the last kept unit's: a record boundary
+                rebuild_from = 0
+                if self._max_offset > self._first_offset:
+                    file_index, unit_in_file = divmod(self._max_offset - 1, self._upf)
+                    units = self._files.units(file_index)
+                    rebuild_from = int(units.commitlog_offsets[unit_in_file]) + int(
+                        units.sizes[unit_in_file]
+                    )
+            return max(dropped, 0), rebuild_from
 
     def _intact_end(self, claim: int, commitlog_min: int, verify: UnitVerifier) -> int:
         """The end of the intact prefix (see ``recover_tail``)."""
@@ -451,12 +468,26 @@ class ConsumeQueue:
             and int(units.commitlog_offsets[unit_in_file]) < position
         )
 
-    def _has_units_past_max(self) -> bool:
-        """Whether the newest file holds written units past max_offset (torn garbage
-        the binary search of ``_load`` stepped over)."""
+    def _garbage_end(self) -> int:
+        """In the newest file, the end (unit index) of written units past max_offset
+        (torn garbage the binary search of ``_load`` stepped over), or 0 if none.
+
+        Only the allocated part is read: a queue's file is reserved as it grows
+        (RESERVE_CHUNK_BYTES at a time, from its first unit), so every page a write
+        reached lies within ``st_blocks`` of the start; an untouched queue costs one
+        stat and a few KiB, not its whole sparse file."""
+        if self._file_lo == self._file_hi:
+            return 0
         newest = self._file_hi - 1
-        start = self._max_offset - newest * self._upf
-        return bool(np.any(self._files.units(newest).sizes[start:] != 0))
+        units = self._files.units(newest)
+        first = self._first_offset - newest * self._upf if newest == self._file_lo else 0
+        allocated_units = -(-os.stat(units.path).st_blocks * 512 // UNIT_SIZE_BYTES)
+        start = max(self._max_offset - newest * self._upf, 0)
+        stop = min(self._upf, max(first, 0) + allocated_units)
+        if stop <= start:
+            return 0
+        written = np.flatnonzero(units.sizes[start:stop])
+        return 0 if len(written) == 0 else start + int(written[-1]) + 1
 
     def _drop_damaged_files(self, error: CorruptDataError) -> None:
         """Delete the unreadable file named by ``error`` and every newer file of this
@@ -504,13 +535,18 @@ class ConsumeQueue:
         if not self._loaded or self._files.stale:
             self._load()
 
-    def _enter_for_write(self) -> None:
+    def _enter_for_write(self, lenient: bool = False) -> None:
         if self._ctx.read_only:
             raise ReadOnlyStoreError(f"{self}: the ConsumeQueue store is open read-only")
+        if lenient:
+            self._check_open()
+            self._load(lenient=True)
+            return
         self._enter()
 
-    def _load(self) -> None:
-        """List the files, read the oldest header, binary search the newest file."""
+    def _load(self, lenient: bool = False) -> None:
+        """List the files, read the oldest header, binary search the newest file
+        (``lenient``: sizes only, see ``recover_tail``)."""
         previous_min = self._min_offset if self._loaded else 0
         indexes = self._files.indexes()
         self._loaded = True
@@ -523,7 +559,7 @@ class ConsumeQueue:
         self._first_offset = self._file_lo * self._upf + first_unit
         newest = self._file_hi - 1
         start = first_unit if newest == self._file_lo else 0
-        end = self._files.units(newest).written_end(start, -1)
+        end = self._files.units(newest).written_end(start, -1, check_order=not lenient)
         self._max_offset = max(newest * self._upf + end, self._first_offset)
         self._min_offset = self._first_offset
         if self._first_offset <= previous_min <= self._max_offset:

@@ -130,13 +130,18 @@ class MappedUnitFile:
         writes = [(start * UNIT.itemsize, units.tobytes())]
         create_file(path, unit_file_size_bytes(units_per_file), writes)
 
-    def written_end(self, start: int, floor_commitlog_offset: int) -> int:
+    def written_end(
+        self, start: int, floor_commitlog_offset: int, *, check_order: bool = True
+    ) -> int:
         """Binary search for the end of the written run of units that begins at ``start``.
 
         Units ``[start, end)`` are written and unit ``end`` is not (or ``end`` is the file's
         unit count). Every probe is checked: a negative size, or commitlog offsets that do
         not increase from probe to probe (starting above ``floor_commitlog_offset``), mean
         the file is corrupt. O(log units_per_file) probes.
+
+        ``check_order=False`` (recovery after a power cut, which checks each unit it
+        keeps against the CommitLog itself) only finds where the sizes end.
 
         Raises:
             CorruptDataError: naming the file and the byte position of the bad unit.
@@ -151,7 +156,7 @@ class MappedUnitFile:
                 high = middle
                 continue
             commitlog_offset = int(self.commitlog_offsets[middle])
-            if size < 0 or commitlog_offset <= previous:
+            if check_order and (size < 0 or commitlog_offset <= previous):
                 raise CorruptDataError(
                     self.path,
                     middle * UNIT.itemsize,
@@ -160,7 +165,7 @@ class MappedUnitFile:
                 )
             previous = commitlog_offset
             low = middle + 1
-        if low > start:
+        if low > start and check_order:
             self._check_run_ends(start, low - 1)
         return low
 

@@ -165,26 +165,31 @@ class ConsumeQueueStore:
         commitlog_claim: int,
         commitlog_min: int,
         verify: Callable[[str, int, int, int, int], bool],
-    ) -> int:
+    ) -> tuple[int, int | None]:
         """After a power cut, every queue keeps only the units the checkpoint vouches
         for (``ConsumeQueue.recover_tail``); ``verify(topic, queue_id, commitlog_offset,
         size, queue_offset)`` confirms a unit against its CommitLog record. Loads every
         queue on disk, with one record read for a queue the cut did not touch.
 
         Returns:
-            How many units were dropped, over all queues (re-dispatch rebuilds them).
+            (units dropped over all queues, rebuild_from): re-dispatch from the claim
+            rebuilds dropped units; ``rebuild_from`` (None, or the smallest over the
+            queues) is where it must start instead when whole files were dropped.
         """
         if self.read_only:
             raise ReadOnlyStoreError("the ConsumeQueue store is open read-only")
-        dropped = 0
+        dropped, rebuild_from = 0, None
         for topic, queue_id in self.existing_queues():
             queue = self.queue(topic, queue_id)
-            dropped += queue.recover_tail(
+            units, start = queue.recover_tail(
                 commitlog_claim,
                 commitlog_min,
                 partial(verify, topic, queue_id),
             )
-        return dropped
+            dropped += units
+            if start is not None:
+                rebuild_from = start if rebuild_from is None else min(rebuild_from, start)
+        return dropped, rebuild_from
 
     def truncate_beyond(self, commitlog_end: int) -> None:
         """After CommitLog recovery: every queue drops the units whose commitlog_offset

@@ -488,6 +488,22 @@ class IndexFile:
             number -= 1
         return 0
 
+    def rebuild_slots(self) -> None:
+        """Point every slot at the newest published entry of its chain, computed from
+        the entries themselves (power-cut recovery: entries past the count may be torn,
+        so their ``prev`` links and key hashes cannot be followed back). The kept
+        entries' own ``prev`` links are intact and left as they are. O(index count)."""
+        assert not self.read_only
+        count = self._count
+        heads = np.zeros(self.slot_count, dtype=np.int64)
+        if count:
+            slots = self._entries[1 : count + 1]["key_hash"].astype(np.int64) % self.slot_count
+            newest_first = slots[::-1]
+            unique_slots, position = np.unique(newest_first, return_index=True)
+            heads[unique_slots] = count - position  # entry numbers are 1-based
+        self._slots[:] = heads
+        self.dirty = True
+
     def truncate_from(self, first: int) -> None:
         """Remove entries ``first``..index_count (``first`` >= 2; the service deletes a
         file that would be emptied).
@@ -521,15 +537,17 @@ class IndexFile:
         """Point every slot that is past the index count (an append or truncation a
         crash cut short) back at its newest published entry; return how many.
 
-        Reads the whole slot array (20 MB at 5M slots); done once, at a writer's open
-        of the newest file only (older files were complete before a newer one began).
+        Reads the whole slot array (20 MB at 5M slots), and the published entries when a
+        slot is stale; done once, at a writer's open of the newest file only (older
+        files were complete before a newer one began).
         """
         assert not self.read_only
         bad_slots = np.flatnonzero((self._slots > self._count) | (self._slots < 0))
-        for slot in bad_slots.tolist():
-            self._slots[slot] = self._published_head(int(self._slots[slot]), self._count)
         if len(bad_slots):
-            self.dirty = True
+            # Recomputed from the published entries, not by following ``prev`` from the
+            # stale heads: after a power cut the entries past the count may be zero or
+            # torn, and a walk through them would cut the chain (and lose its keys).
+            self.rebuild_slots()
             log.warning("%s: repaired %d slots past the index count", self.path, len(bad_slots))
         return len(bad_slots)
 

@@ -468,6 +468,7 @@ class IndexService:
                     newest.unlink()
                     continue
                 newest.truncate_from(keep + 1)
+                newest.rebuild_slots()  # slots may still name the torn entries
                 break
             self._load_last()
         if dropped:

@@ -53,7 +53,13 @@ from commitlog.errors import (
     StoreError,
     UnknownTopicError,
 )
-from commitlog.lock import StoreLock, clear_abort, mark_abort
+from commitlog.lock import (
+    StoreLock,
+    clear_abort,
+    mark_abort,
+    power_loss_possible,
+    read_abort,
+)
 from commitlog.mapped_file import MappedFile
 from commitlog.record import decode_run, validate_topic
 from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
@@ -107,6 +113,7 @@ class MessageStore(CommitLogEngine):
         self._dispatcher: Dispatcher | None = None
         self._scheduler: Scheduler | None = None
         self.recovered_from_crash = False
+        self.power_loss_possible = False  # an unclean stop that may have lost the page cache
         self._rebuild_derived = False
         self._retention: retention.RetentionService | None = None
         self._described = {}  # describe_topic's cache (CommitLogEngine)
@@ -177,6 +184,7 @@ class MessageStore(CommitLogEngine):
         # Before any file is touched: adopt what the store recorded (layout, defaults).
         self.config = config = resolve_config(root, config, record=not read_only)
         if not read_only:
+            self.power_loss_possible = power_loss_possible(read_abort(root))
             self.recovered_from_crash = mark_abort(root)
         self.topics = TopicRegistry(root, read_only)
         self._checkpoint_file = CheckpointFile(root, read_only)
@@ -207,7 +215,9 @@ class MessageStore(CommitLogEngine):
             index_dir,
             IndexConfig(slot_count=config.index_slot_count, entry_count=config.index_entry_count),
             read_only=read_only,
-            drop_damaged_newest=self.recovered_from_crash,
+            # Derived data: a writer rebuilds an index file that does not validate
+            # from the CommitLog (torn by a power cut, or damaged) instead of refusing.
+            drop_damaged_newest=not read_only,
         )
         recover_from = None
         store_ts_floor_ms = 0
@@ -234,9 +244,10 @@ class MessageStore(CommitLogEngine):
         """Make ConsumeQueues and the index agree with the recovered CommitLog."""
         commitlog = self.commitlog
         end = commitlog.write_position
-        if self.recovered_from_crash and checkpoint is not None:
+        rebuild_from: int | None = None
+        if self.power_loss_possible and checkpoint is not None:
             # A power cut may have torn what was written after the checkpoint's claim.
-            dropped = self.consume_queues.recover_tails(
+            dropped, rebuild_from = self.consume_queues.recover_tails(
                 checkpoint.dispatched_position, commitlog.min_position, self._unit_is_intact
             )
             if dropped:
@@ -259,6 +270,8 @@ class MessageStore(CommitLogEngine):
         start = min(max(start, commitlog.min_position), end)
         if self.index.dropped_files:  # its entries come back from the older files' end on
             start = min(start, max(self.index.last_physical_offset, commitlog.min_position))
+        if rebuild_from is not None:  # whole ConsumeQueue files were dropped: put them back
+            start = min(start, max(rebuild_from, commitlog.min_position))
         self._dispatcher = Dispatcher(
             commitlog,
             self.consume_queues,

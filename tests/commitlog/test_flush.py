@@ -256,3 +256,22 @@ def test_async_flush_by_least_pages(tmp_path):
     log.append_batch("t", 0, [b"x" * 4096] * 5)  # > 4 pages dirty
     assert synced.wait(5)
     log.close()
+
+
+def test_a_failure_after_a_successful_sync_does_not_poison(tmp_path):
+    """Review finding: the append listener runs after the sync; when it raised, the
+    group commit remembered that as a failed sync and failed every later writer."""
+    log = _sync_log(tmp_path, MappedFile.flush)
+    calls = {"n": 0}
+
+    def listener() -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # 1: after the append; 2: after its sync, inside flush_to
+            raise RuntimeError("listener failed")
+
+    log.set_append_listener(listener)
+    first = log.append("t", 0, b"synced")  # its sync succeeded: acknowledged
+    assert log.flushed_position >= first.physical_offset + first.size
+    log.append("t", 0, b"later")  # not refused: the log is not poisoned
+    assert log.failure is None
+    log.close()

@@ -824,7 +824,7 @@ def test_recover_tail_keeps_an_untouched_queue(open_store: StoreFactory) -> None
     queue = open_store().queue("t", 0)
     fill(queue, 0, 2 * UPF + 3)
     claim = cl_of(2 * UPF + 3)
-    assert queue.recover_tail(claim, 0, _verify_all) == 0
+    assert queue.recover_tail(claim, 0, _verify_all) == (0, None)
     assert queue.max_offset == 2 * UPF + 3
 
 
@@ -841,7 +841,8 @@ def test_recover_tail_cuts_torn_units_after_the_claim(open_store: StoreFactory) 
     units = queue._files.units(file_index, for_write=True)
     units.sizes[unit_in_file : unit_in_file + 2] = 0  # a page reverted to zeros
     _torn(queue, 2 * UPF + 2, 0, 77)  # a torn unit: old zero offset, new size
-    assert queue.recover_tail(claim, 0, _verify_all) > 0
+    dropped, rebuild_from = queue.recover_tail(claim, 0, _verify_all)
+    assert dropped > 0 and rebuild_from is None  # re-dispatch from the claim suffices
     assert queue.max_offset == kept
     fill(queue, kept, 4)  # re-dispatch rebuilds the rest, with no conflict
     reopened = open_store().queue("t", 0)
@@ -860,6 +861,29 @@ def test_recover_tail_drops_a_file_the_cut_left_unreadable(open_store: StoreFact
     store.close()
     os.truncate(newest, 0)
     queue = open_store().queue("t", 0)
-    assert queue.recover_tail(cl_of(UPF + 1), 0, _verify_all) >= 0
-    assert queue.max_offset == UPF + 1
+    _, rebuild_from = queue.recover_tail(cl_of(UPF + 1), 0, _verify_all)
+    assert queue.max_offset == UPF + 1  # the units of records before the claim
     assert not os.path.exists(newest)
+    # Whatever the dropped file held comes back by re-dispatch from after the last
+    # kept unit's record (its position + size), not from the claim.
+    assert rebuild_from == cl_of(UPF) + 10 + UPF
+
+
+def test_recover_tail_of_a_fresh_open_keeps_synced_units_before_a_torn_one(
+    open_store: StoreFactory,
+) -> None:
+    """Review finding: a torn unit (old zero offset, new size) after the claim made the
+    strict load raise "breaks the order", and recovery dropped the whole newest file,
+    synced units included, with nothing to rebuild them. The load is lenient now."""
+    store = open_store()
+    queue = store.queue("t", 0)
+    fill(queue, 0, UPF + 6)
+    store.close()
+    reopened = open_store()
+    _torn(reopened.queue("t", 0), UPF + 5, 0, 74)  # written through a fresh mapping
+    reopened.close()
+    queue = open_store().queue("t", 0)
+    dropped, rebuild_from = queue.recover_tail(cl_of(UPF + 5), 0, _verify_all)
+    assert (dropped, rebuild_from) == (1, None)
+    assert queue.max_offset == UPF + 5
+    assert unit_tuple(queue.get(UPF + 4))[0] == cl_of(UPF + 4)

@@ -633,3 +633,38 @@ def test_a_torn_header_is_dropped_only_after_a_power_cut(index_dir) -> None:
         assert repaired.query("t", "k8", 0, 2**62, 10, lambda offset: True) == [800]
     finally:
         repaired.close()
+
+
+def test_recover_tail_drops_torn_entries_and_relinks_every_chain(index_dir) -> None:
+    """Regression (power-loss harness): entries past the checkpoint's claim were torn
+    while the header already counted them; truncating left slots naming torn entries,
+    so entries re-dispatched later linked into dead chains ("chain cut") and key
+    look-ups missed records."""
+    config = IndexConfig(slot_count=4, entry_count=64)
+    index = IndexService.open(index_dir, config)
+    keys = {i: f"k{i % 10}" for i in range(1, 41)}
+    for i, key in keys.items():
+        index.put("t", [key], i * 100, TS + i)
+    index.close()
+    path = os.path.join(index_dir, sorted(os.listdir(index_dir))[-1])
+    claimed = 20  # entries 1..20 are of records before the claim: intact
+    with open(path, "r+b") as handle:  # a reverted page: the entries after it are zero
+        handle.seek(fmt.FILE_HEADER_SIZE + config.slot_count * fmt.SLOT_SIZE)
+        handle.seek((claimed + 1) * fmt.ENTRY_SIZE, os.SEEK_CUR)
+        handle.write(b"\0" * fmt.ENTRY_SIZE * 20)
+
+    def verify(key_hash: int, physical_offset: int) -> bool:
+        number = physical_offset // 100
+        return physical_offset % 100 == 0 and fmt.key_hash("t", keys.get(number, "")) == key_hash
+
+    index = IndexService.open(index_dir, config)
+    try:
+        assert index.recover_tail((claimed + 1) * 100, 0, verify) == 20
+        assert index.last_physical_offset == claimed * 100
+        for i in range(claimed + 1, 41):  # re-dispatch puts them back
+            index.put("t", [keys[i]], i * 100, TS + i)
+        for key in sorted(set(keys.values())):
+            found = index.query("t", key, 0, 2**62, 100, lambda offset: True)
+            assert sorted(found) == [i * 100 for i, k in keys.items() if k == key], key
+    finally:
+        index.close()

@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 import pytest
 
+from commitlog import lock
 from commitlog.checkpoint import CheckpointFile
 from consumequeue import file_cache
 from mqstore import (
@@ -499,7 +500,7 @@ def test_a_new_store_makes_its_directories_durable(tmp_path, syscalls):
         assert (root / name).is_dir()
 
 
-def test_open_after_a_power_cut_repairs_what_the_checkpoint_did_not_claim(tmp_path):
+def test_open_after_a_power_cut_repairs_what_the_checkpoint_did_not_claim(tmp_path, monkeypatch):
     """Regression (power-loss harness): ConsumeQueue units and an index header written
     after the checkpoint's claim were torn by a power cut, and open refused ("unit ...
     breaks the order", "end offset 0 before begin offset"). Derived data past the claim
@@ -523,6 +524,7 @@ def test_open_after_a_power_cut_repairs_what_the_checkpoint_did_not_claim(tmp_pa
     units_per_file = SMALL["consumequeue_units_per_file"]
     paths = {offset: queue._files.unit_path(offset // units_per_file) for offset in (110, 150)}
     store._crash()
+    monkeypatch.setattr(lock, "trust_same_boot", False)  # a power cut, on this boot
     # What a power cut leaves of pages written after the claim: zeros, a torn unit.
     with open(paths[110], "r+b") as handle:
         handle.seek(20 * (110 % units_per_file))
@@ -536,8 +538,28 @@ def test_open_after_a_power_cut_repairs_what_the_checkpoint_did_not_claim(tmp_pa
         handle.seek(index_format.HEADER_FIELD_POSITION["end_offset"])
         handle.write(b"\0" * 8)
     with MessageStore.open(path, config) as again:
-        assert again.recovered_from_crash
+        assert again.recovered_from_crash and again.power_loss_possible
         assert [bytes(m.body) for m in again.get("t", 0, 0, 200)] == bodies
         for i in (3, 99, 150, 199):
             hits = again.query_by_key("t", f"k{i}", 0, 2**62, 10)
             assert [bytes(m.body) for m in hits] == [bodies[i]]
+
+
+def test_a_process_kill_on_the_same_boot_skips_the_power_cut_repair(tmp_path, monkeypatch):
+    """Review finding: recovery walked and rebuilt derived data after every unclean
+    stop. A process kill leaves the page cache whole: with the same boot id in
+    ``abort`` nothing is torn, and recovery trusts what the kill left."""
+    config = StoreConfig(**SMALL)
+    store = MessageStore.open(tmp_path / "s", config)
+    store.put("t", 0, b"x")
+    store._crash()
+    with MessageStore.open(tmp_path / "s", config) as again:
+        assert again.recovered_from_crash
+        assert again.power_loss_possible is (lock.boot_id() == "")
+    monkeypatch.setattr(lock, "boot_id", lambda: "another-boot")
+    store = MessageStore.open(tmp_path / "s", config)
+    store._crash()
+    monkeypatch.setattr(lock, "boot_id", lambda: "after-a-reboot")
+    with MessageStore.open(tmp_path / "s", config) as again:
+        assert again.recovered_from_crash and again.power_loss_possible
+        assert [bytes(m.body) for m in again.get("t", 0, 0, 10)] == [b"x"]
