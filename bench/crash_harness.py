@@ -471,15 +471,20 @@ def main(argv: list[str] | None = None) -> int:
     summary = figures.summary()
     summary["seconds"] = round(time.monotonic() - started, 1)
     summary["seed"] = args.seed
+    report(summary, figures.problems, args.json)
+    return 1 if figures.failed else 0
+
+
+def report(summary: dict[str, Any], problems: list[str], json_path: str | None) -> None:
+    """Print the figures (and the first 20 problems); save them as JSON if asked."""
     for name, value in summary.items():
         if name != "problems":
-            print(f"{name:>20}: {value}")
-    for problem in figures.problems[:20]:
+            print(f"{name:>24}: {value}")
+    for problem in problems[:20]:
         print("PROBLEM:", problem)
-    if args.json:
-        with open(args.json, "w") as handle:
+    if json_path:
+        with open(json_path, "w") as handle:
             json.dump(summary, handle, indent=2)
-    return 1 if figures.failed else 0
 
 
 if __name__ == "__main__":

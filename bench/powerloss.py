@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
 import shutil
 import sys
@@ -383,14 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = round(time.monotonic() - started, 1)
     summary["seed"] = args.seed
     summary["lose"] = args.lose
-    for name, value in summary.items():
-        if name != "problems":
-            print(f"{name:>24}: {value}")
-    for problem in summary["problems"][:20]:
-        print("PROBLEM:", problem)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=2)
+    crash_harness.report(summary, summary["problems"], args.json)
     return 1 if harness.failed else 0
 
 
