@@ -89,9 +89,7 @@ READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed
 # Dispatch shares the GIL with producers; past this backlog a put dispatches what is
 # waiting before it returns, so a producer at full speed cannot outrun the
 # ConsumeQueues and readers never fall far behind (caller-runs backpressure).
-DISPATCH_BACKLOG_MAX_BYTES = (
-    256 << 10
-)  # about 1,500 100-byte messages  # a read-only store polls the writer's dispatched state
+DISPATCH_BACKLOG_MAX_BYTES = 256 << 10  # about 1,500 100-byte messages
 
 
 class MessageStore(CommitLogEngine):
@@ -575,7 +573,7 @@ class MessageStore(CommitLogEngine):
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
         if dispatcher is not None and result[0] - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
-            dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
+            _help_dispatch(dispatcher)
         return result
 
     def put_batch(
@@ -673,7 +671,7 @@ class MessageStore(CommitLogEngine):
             dispatcher is not None
             and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
         ):
-            dispatcher.dispatch_available()  # backpressure: the producer helps dispatch
+            _help_dispatch(dispatcher)
 
     def _check_queue_for_write(self, topic: str, queue_id: int) -> None:
         """Make (topic, queue_id) a partition of its topic if it is not one, when
@@ -969,6 +967,17 @@ class MessageStore(CommitLogEngine):
             "derived_sync_failure": _describe(self.derived_sync_failure),
             "dispatch_failure": _describe(dispatcher.failure if dispatcher else None),
         }
+
+
+def _help_dispatch(dispatcher: Dispatcher) -> None:
+    """Backpressure: the producer dispatches the backlog before its put returns. The
+    put's records are already in the log, so a failure here (a full disk for a new
+    ConsumeQueue file...) must not fail the put: the dispatcher retries on its own, and
+    a dispatcher that failed for good refuses the next write (``_check_writable``)."""
+    try:
+        dispatcher.dispatch_available()
+    except StoreError as error:
+        log.warning("dispatch while putting failed (the dispatcher retries): %s", error)
 
 
 def _describe(error: BaseException | None) -> str | None:

@@ -563,3 +563,28 @@ def test_a_process_kill_on_the_same_boot_skips_the_power_cut_repair(tmp_path, mo
     with MessageStore.open(tmp_path / "s", config) as again:
         assert again.recovered_from_crash and again.power_loss_possible
         assert [bytes(m.body) for m in again.get("t", 0, 0, 10)] == [b"x"]
+
+
+def test_a_put_is_never_failed_by_the_dispatch_it_helps_with(open_store, monkeypatch):
+    """Regression (found by a flaky disk-full test): past the dispatch backlog a put
+    dispatches before it returns; when that dispatch failed (a full disk for a new
+    ConsumeQueue file), the put raised DiskFullError although its record was already
+    in the log, so the caller counted an unwritten record that was there."""
+    from commitlog.errors import DiskFullError
+    from mqstore import store as store_module
+
+    store = open_store()
+    store.put("t", 0, b"first")
+    monkeypatch.setattr(store_module, "DISPATCH_BACKLOG_MAX_BYTES", -1)  # every put helps
+    dispatcher = store._dispatcher
+
+    def full(*args, **kwargs):
+        raise DiskFullError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(dispatcher, "dispatch_available", full)
+    results = [store.put("t", 0, b"m%d" % i) for i in range(5)]  # none raises
+    store.put_batch("t", 0, [b"b0", b"b1"])
+    monkeypatch.undo()
+    assert [r.queue_offset for r in results] == [1, 2, 3, 4, 5]
+    bodies = [bytes(m.body) for m in store.get("t", 0, 0, 20)]
+    assert bodies == [b"first", b"m0", b"m1", b"m2", b"m3", b"m4", b"b0", b"b1"]
