@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml setup.py commitlog/_native.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo needs the package alone: no dev tools, no Spark.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m mqstore.demo --path ./demo-data
 
 lint: $(STAMP)
