@@ -60,6 +60,7 @@ import attrs
 from bench import crash_harness
 from bench.crash_harness import KAFKA_PARTITIONS, KAFKA_TOPIC, Harness, config_for
 from bench.powerfs import LOSE_MODES, CutFigures, Mount, available
+from commitlog.durable import fsync_directory
 from mqstore import MessageStore, StoreConfig, StoreError, TopicPartition
 
 __all__ = ["PowerFigures", "PowerHarness", "run"]
@@ -129,7 +130,7 @@ class PowerHarness(Harness):
         if os.path.exists(self.path):
             shutil.rmtree(self.path)
         os.makedirs(self.path)
-        _fsync_directory(self.mount.mountpoint)
+        fsync_directory(self.mount.mountpoint)
         with MessageStore.open(self.path, self._config()) as store:
             store.create_topic(KAFKA_TOPIC, partitions=KAFKA_PARTITIONS)
         self.acked.clear()
@@ -302,14 +303,6 @@ def per_path_syncs() -> Iterator[None]:
     finally:
         setattr(file_cache, "SYNCFS_MIN_PATHS", saved[0])  # noqa: B010
         lock.trust_same_boot = saved[1]
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def run(

@@ -28,7 +28,7 @@ def fsync_directory(path: str) -> None:
         DiskFullError: ENOSPC or EDQUOT while writing the directory back.
         StoreError: any other failure (the entries may not be durable).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     except OSError as error:

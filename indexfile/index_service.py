@@ -118,7 +118,7 @@ class IndexService:
         config: IndexConfig,
         *,
         read_only: bool = False,
-        drop_damaged_newest: bool = False,
+        drop_damaged: bool = False,
     ) -> IndexService:
         """Open (a writer also creates) the index directory and every file in it.
 
@@ -126,12 +126,12 @@ class IndexService:
             directory: ``<root>/index``.
             config: shapes new files only; existing files keep their own sizes.
             read_only: never create or write; see entries a writer adds later.
-            drop_damaged_newest: after a power cut (a writer only): files written since
-                the checkpoint's flush may have a torn header; a file that does not
-                validate is deleted with every newer file (``dropped_files`` counts
-                them), and the caller re-dispatches from ``last_physical_offset`` (put
-                skips what the remaining files hold). The index is derived data: the
-                CommitLog rebuilds whatever was dropped.
+            drop_damaged: (a writer only) a file that does not validate (after a power
+                cut, one written since the checkpoint's flush may have a torn header) is
+                deleted with every newer file (``dropped_files`` counts them), and the
+                caller re-dispatches from ``last_physical_offset`` (put skips what the
+                remaining files hold): the index is derived data, which the CommitLog
+                rebuilds.
 
         Raises:
             CorruptDataError: a file has a bad prefix, header or size, or files
@@ -146,7 +146,7 @@ class IndexService:
                 service._relist()
                 break
             except CorruptDataError as error:
-                if read_only or not drop_damaged_newest:
+                if read_only or not drop_damaged:
                     raise
                 service._drop_from(error)
         if not read_only and service._files:

@@ -92,6 +92,7 @@ from typing import Any, Final, Protocol
 import attrs
 import numpy as np
 
+from commitlog.durable import fsync_directory
 from commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -109,7 +110,6 @@ from mqstore.spool import (
     Block,
     CorruptSpoolError,
     Spool,
-    fsync_directory,
     read_spool,
 )
 from mqstore.topics import TopicConfig

@@ -59,6 +59,7 @@ import attrs
 import numpy as np
 import xxhash
 
+from commitlog.durable import fsync_directory
 from commitlog.errors import CorruptDataError, InvalidArgumentError, LimitExceededError
 from commitlog.record import validate_topic
 
@@ -325,14 +326,6 @@ def _encode_headers(pairs: Sequence[Header] | None) -> bytes:
         else:
             out += PAIR_VALUE.pack(len(value)) + bytes(value)
     return bytes(out)
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Spool:

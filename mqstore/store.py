@@ -215,7 +215,7 @@ class MessageStore(CommitLogEngine):
             read_only=read_only,
             # Derived data: a writer rebuilds an index file that does not validate
             # from the CommitLog (torn by a power cut, or damaged) instead of refusing.
-            drop_damaged_newest=not read_only,
+            drop_damaged=not read_only,
         )
         recover_from = None
         store_ts_floor_ms = 0

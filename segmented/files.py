@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from commitlog.durable import fsync_directory  # re-exported: the segmented files use it
+
 __all__ = [
     "CLEAN_SHUTDOWN_NAME",
     "DELETED_SUFFIX",
@@ -65,12 +67,3 @@ def parse_base_offset(name: str, suffix: str) -> int | None:
     if len(stem) != OFFSET_DIGITS or not stem.isdigit():
         return None
     return int(stem)
-
-
-def fsync_directory(path: str) -> None:
-    """Make renames, creations and unlinks inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -606,11 +606,12 @@ test_index_against_the_model = IndexMachine.TestCase
 # ------------------------------------------------------------ after a power cut
 
 
-def test_a_torn_header_is_dropped_only_after_a_power_cut(index_dir) -> None:
+def test_a_torn_header_is_dropped_only_when_asked(index_dir) -> None:
     """Regression (power-loss harness): a header written after the checkpoint's
-    flush was torn ("end offset 0 before begin offset") and open refused. After a power
-    cut the damaged file and every newer one are dropped, and ``last_physical_offset``
-    says where re-dispatch must resume; otherwise a bad header still raises."""
+    flush was torn ("end offset 0 before begin offset") and open refused. With
+    ``drop_damaged`` (a writer) the damaged file and every newer one are dropped, and
+    ``last_physical_offset`` says where re-dispatch must resume; otherwise (a reader)
+    a bad header still raises."""
     index = IndexService.open(index_dir, SMALL)
     for i in range(10):  # 7 entries a file: two files
         index.put("t", [f"k{i}"], i * 100, TS + i)
@@ -623,7 +624,7 @@ def test_a_torn_header_is_dropped_only_after_a_power_cut(index_dir) -> None:
         handle.write(b"\0" * 8)
     with pytest.raises(CorruptDataError):
         IndexService.open(index_dir, SMALL)
-    repaired = IndexService.open(index_dir, SMALL, drop_damaged_newest=True)
+    repaired = IndexService.open(index_dir, SMALL, drop_damaged=True)
     try:
         assert repaired.dropped_files == 1
         assert not os.path.exists(newest)
