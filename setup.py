@@ -1,8 +1,8 @@
-"""Build the optional C module commitlog._native (metadata lives in pyproject.toml).
+"""Build the optional C module mqstore.commitlog._native (metadata lives in pyproject.toml).
 
 The module is optional: where no C compiler is found the install still succeeds and
 commitlog/record.py runs its pure-Python versions
-(`python -c 'from commitlog.native import NATIVE; print(NATIVE)'` says which).
+(`python -c 'from mqstore.commitlog.native import NATIVE; print(NATIVE)'` says which).
 `MQSTORE_REQUIRE_NATIVE=1` makes importing the store fail without it (make test sets it).
 """
 
@@ -11,7 +11,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "commitlog._native",
+            "mqstore.commitlog._native",
             ["commitlog/_native.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import summarize
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.config import CommitLogConfig
 
 TOPIC = "bench-topic"
 HEADER = struct.Struct("<IIQqqqqiIIIHBB")  # the record header's shape, for the floor

@@ -52,7 +52,7 @@ from typing import Any
 from bench import peers
 from mqstore import KafkaConsumer, KafkaProducer, MessageStore, StoreConfig
 from mqstore.kafka import TopicPartition
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 
 MIB = 1 << 20
 TOPIC = "bench"

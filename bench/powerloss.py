@@ -36,7 +36,7 @@ reboot the machine, so the harness turns that shortcut off in its processes too.
 syncfs(2) is invisible to a FUSE daemon (Linux sends FUSE_SYNCFS to virtiofs only): a
 store that made data durable with one syncfs would look lossy here although a real disk
 keeps that data. The harness therefore turns the ConsumeQueue's syncfs shortcut off
-(``consumequeue.file_cache.SYNCFS_MIN_PATHS``) in its own process and in the child, so
+(``mqstore.consumequeue.file_cache.SYNCFS_MIN_PATHS``) in its own process and in the child, so
 the store syncs path by path, which PowerFS sees.
 
 Figures are printed and optionally saved as JSON; exit status 1 on any violation.
@@ -60,8 +60,8 @@ import attrs
 from bench import crash_harness
 from bench.crash_harness import KAFKA_PARTITIONS, KAFKA_TOPIC, Harness, config_for
 from bench.powerfs import LOSE_MODES, CutFigures, Mount, available
-from commitlog.durable import fsync_directory
 from mqstore import MessageStore, StoreConfig, StoreError, TopicPartition
+from mqstore.commitlog.durable import fsync_directory
 
 __all__ = ["PowerFigures", "PowerHarness", "run"]
 
@@ -292,8 +292,8 @@ def per_path_syncs() -> Iterator[None]:
     """Turn off the ConsumeQueue's syncfs shortcut, which PowerFS cannot observe; and
     tell recovery that an unclean stop on this boot may still be a power cut (PowerFS
     cuts power without rebooting the machine, so the boot id cannot tell)."""
-    from commitlog import lock
-    from consumequeue import file_cache
+    from mqstore.commitlog import lock
+    from mqstore.consumequeue import file_cache
 
     saved = file_cache.SYNCFS_MIN_PATHS, lock.trust_same_boot
     setattr(file_cache, "SYNCFS_MIN_PATHS", sys.maxsize)  # noqa: B010 (Final in the module)

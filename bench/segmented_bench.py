@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.common import summarize
 from mqstore.engine import ProducerRecord
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 
 TOPIC = "bench"
 VALUE_BYTES = 100

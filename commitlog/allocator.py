@@ -16,8 +16,8 @@ import logging
 import threading
 import time
 
-from commitlog.errors import StoreClosedError
-from commitlog.mapped_file import MappedFile
+from mqstore.commitlog.errors import StoreClosedError
+from mqstore.commitlog.mapped_file import MappedFile
 
 __all__ = ["AllocationService"]
 

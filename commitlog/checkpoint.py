@@ -32,7 +32,7 @@ from typing import Final
 import attrs
 import xxhash
 
-from commitlog.durable import fsync_directory, fsync_file
+from mqstore.commitlog.durable import fsync_directory, fsync_file
 
 __all__ = ["Checkpoint", "CheckpointFile", "CHECKPOINT_NAME"]
 

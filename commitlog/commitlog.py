@@ -30,10 +30,10 @@ from typing import Any, NamedTuple, NoReturn, cast
 import attrs
 import numpy as np
 
-from commitlog.allocator import AllocationService
-from commitlog.config import CommitLogConfig
-from commitlog.durable import fsync_directory, makedirs_durable
-from commitlog.errors import (
+from mqstore.commitlog.allocator import AllocationService
+from mqstore.commitlog.config import CommitLogConfig
+from mqstore.commitlog.durable import fsync_directory, makedirs_durable
+from mqstore.commitlog.errors import (
     CorruptDataError,
     DiskFullError,
     FlushFailedError,
@@ -44,10 +44,10 @@ from commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from commitlog.file_queue import MappedFileQueue
-from commitlog.flush import AsyncFlushService, GroupCommitService
-from commitlog.mapped_file import MappedFile
-from commitlog.record import (
+from mqstore.commitlog.file_queue import MappedFileQueue
+from mqstore.commitlog.flush import AsyncFlushService, GroupCommitService
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import (
     BLANK_SIZE,
     FLAG_NULL_BODY,
     HEADER_SIZE,

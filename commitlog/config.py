@@ -8,8 +8,8 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
-from commitlog.errors import ConfigError
-from commitlog.record import BLANK_SIZE, HEADER_SIZE
+from mqstore.commitlog.errors import ConfigError
+from mqstore.commitlog.record import BLANK_SIZE, HEADER_SIZE
 
 __all__ = ["CommitLogConfig", "PAGE_SIZE_BYTES"]
 

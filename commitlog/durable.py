@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 
-from commitlog.errors import DiskFullError, StoreError
+from mqstore.commitlog.errors import DiskFullError, StoreError
 
 __all__ = ["fsync_directory", "fsync_file", "makedirs_durable"]
 

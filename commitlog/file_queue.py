@@ -12,9 +12,9 @@ import logging
 import os
 from typing import Final
 
-from commitlog.durable import fsync_directory
-from commitlog.errors import CorruptDataError, OffsetOutOfRangeError
-from commitlog.mapped_file import MappedFile, parse_file_name
+from mqstore.commitlog.durable import fsync_directory
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
+from mqstore.commitlog.mapped_file import MappedFile, parse_file_name
 
 __all__ = ["MappedFileQueue"]
 

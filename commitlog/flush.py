@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Protocol
 
-from commitlog.errors import FlushFailedError, FlushTimeoutError
+from mqstore.commitlog.errors import FlushFailedError, FlushTimeoutError
 
 __all__ = ["AsyncFlushService", "Flushable", "GroupCommitService"]
 

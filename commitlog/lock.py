@@ -20,8 +20,8 @@ import errno
 import fcntl
 import os
 
-from commitlog.durable import fsync_directory, fsync_file
-from commitlog.errors import StoreLockedError
+from mqstore.commitlog.durable import fsync_directory, fsync_file
+from mqstore.commitlog.errors import StoreLockedError
 
 __all__ = ["ABORT_NAME", "LOCK_NAME", "StoreLock", "clear_abort", "mark_abort"]
 

@@ -23,9 +23,9 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.config import PAGE_SIZE_BYTES
-from commitlog.durable import fsync_directory, fsync_file
-from commitlog.errors import CorruptDataError, DiskFullError, StoreError
+from mqstore.commitlog.config import PAGE_SIZE_BYTES
+from mqstore.commitlog.durable import fsync_directory, fsync_file
+from mqstore.commitlog.errors import CorruptDataError, DiskFullError, StoreError
 
 __all__ = ["MappedFile", "file_name", "parse_file_name"]
 

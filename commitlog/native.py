@@ -70,11 +70,11 @@ def _load() -> ModuleType | None:
     if os.environ.get("MQSTORE_PURE_PYTHON") == "1":
         return None
     try:
-        from commitlog import _native  # type: ignore[attr-defined]
+        from mqstore.commitlog import _native  # type: ignore[attr-defined]
     except ImportError:
         if os.environ.get("MQSTORE_REQUIRE_NATIVE") == "1":
             raise ImportError(
-                "commitlog._native is not built (MQSTORE_REQUIRE_NATIVE=1): "
+                "mqstore.commitlog._native is not built (MQSTORE_REQUIRE_NATIVE=1): "
                 "reinstall with a C compiler, `pip install -e .`"
             ) from None
         return None

@@ -50,13 +50,13 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import xxhash
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
 )
-from commitlog.native import NATIVE, check_layout
+from mqstore.commitlog.native import NATIVE, check_layout
 
 __all__ = [
     "BLANK_MAGIC",

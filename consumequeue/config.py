@@ -7,7 +7,7 @@ from typing import Any, Final
 import attrs
 from attrs import validators as v
 
-from commitlog.errors import ConfigError
+from mqstore.commitlog.errors import ConfigError
 
 __all__ = ["ConsumeQueueConfig"]
 

@@ -1,6 +1,6 @@
 """One ConsumeQueue: the 20-byte units of one (topic, queue id), and their timestamps.
 
-Format: see consumequeue.format. Queue offset n is unit n % units_per_file of unit file
+Format: see mqstore.consumequeue.format. Queue offset n is unit n % units_per_file of unit file
 n // units_per_file; its timestamp sits at the same index of the file's time file.
 
 Invariants (of the files on disk and of this object's state):
@@ -39,14 +39,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from consumequeue.format import (
+from mqstore.consumequeue.format import (
     TIME_FILE_SUFFIX,
     TIMESTAMP,
     TIMESTAMP_SIZE_BYTES,
@@ -55,10 +55,10 @@ from consumequeue.format import (
     block_max_position_bytes,
     parse_unit_file_name,
 )
-from consumequeue.mapped_file import block_maxima
-from consumequeue.queue_files import QueueContext, QueueFiles
-from consumequeue.time_index import TimeIndex
-from consumequeue.unit_batch import (
+from mqstore.consumequeue.mapped_file import block_maxima
+from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
+from mqstore.consumequeue.time_index import TimeIndex
+from mqstore.consumequeue.unit_batch import (
     INT64_MAX,
     INT64_MIN,
     QUEUE_OFFSET_MAX,

@@ -32,8 +32,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
-from commitlog.errors import FlushFailedError
-from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile, sync_filesystem, sync_path
+from mqstore.commitlog.errors import FlushFailedError
+from mqstore.consumequeue.mapped_file import (
+    MappedTimeFile,
+    MappedUnitFile,
+    sync_filesystem,
+    sync_path,
+)
 
 __all__ = ["PENDING_SYNC_MAX", "SYNCFS_MIN_PATHS", "CacheKey", "FileCache", "MappedFile"]
 

@@ -53,7 +53,7 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError
 
 __all__ = [
     "UNIT",

@@ -32,8 +32,8 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.errors import CorruptDataError, DiskFullError, StoreError
-from consumequeue.format import (
+from mqstore.commitlog.errors import CorruptDataError, DiskFullError, StoreError
+from mqstore.consumequeue.format import (
     TEMP_SUFFIX,
     TIME_HEADER,
     TIMESTAMP,

@@ -1,7 +1,7 @@
 """The files of one queue directory, mapped on demand through the store's file cache.
 
 A queue's files are pairs (unit file, time file) numbered by file index; see
-consumequeue.format for names and layouts. This module lists, maps, creates and deletes
+mqstore.consumequeue.format for names and layouts. This module lists, maps, creates and deletes
 them; it holds no offsets (that is ConsumeQueue's job) and no mapping of its own: every
 access goes through the shared, bounded FileCache, so a queue never pins a descriptor.
 
@@ -24,18 +24,23 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreError
-from consumequeue.config import ConsumeQueueConfig
-from consumequeue.file_cache import FileCache
-from consumequeue.format import (
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreError
+from mqstore.consumequeue.config import ConsumeQueueConfig
+from mqstore.consumequeue.file_cache import FileCache
+from mqstore.consumequeue.format import (
     TEMP_SUFFIX,
     TIME_FILE_SUFFIX,
     parse_unit_file_name,
     time_file_name,
     unit_file_name,
 )
-from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile, make_directories, remove_file
-from consumequeue.time_index import BlockGeometry
+from mqstore.consumequeue.mapped_file import (
+    MappedTimeFile,
+    MappedUnitFile,
+    make_directories,
+    remove_file,
+)
+from mqstore.consumequeue.time_index import BlockGeometry
 
 __all__ = ["QueueContext", "QueueFiles"]
 

@@ -22,17 +22,17 @@ from collections.abc import Callable
 from functools import partial
 from types import TracebackType
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from commitlog.record import validate_topic
-from consumequeue.config import ConsumeQueueConfig
-from consumequeue.consume_queue import ConsumeQueue
-from consumequeue.queue_files import QueueContext
+from mqstore.commitlog.record import validate_topic
+from mqstore.consumequeue.config import ConsumeQueueConfig
+from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.queue_files import QueueContext
 
 __all__ = ["ConsumeQueueStore", "QUEUE_ID_MAX"]
 

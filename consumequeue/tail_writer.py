@@ -36,11 +36,11 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.native import NATIVE, check_layout
-from consumequeue.consume_queue import ConsumeQueue
-from consumequeue.format import UNIT, times_position_bytes
-from consumequeue.mapped_file import MappedTimeFile, MappedUnitFile
-from consumequeue.queue_store import ConsumeQueueStore
+from mqstore.commitlog.native import NATIVE, check_layout
+from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.format import UNIT, times_position_bytes
+from mqstore.consumequeue.mapped_file import MappedTimeFile, MappedUnitFile
+from mqstore.consumequeue.queue_store import ConsumeQueueStore
 
 __all__ = ["TailWriter"]
 

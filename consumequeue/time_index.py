@@ -3,7 +3,7 @@
 Blocks: each unit file is cut into ``blocks_per_file`` blocks of N units (the last one
 short when N does not divide ``units_per_file``). Blocks are numbered across the queue:
 block ``g`` is block ``g % blocks_per_file`` of file ``g // blocks_per_file``. Time files
-store each block's local maximum timestamp (see consumequeue.format).
+store each block's local maximum timestamp (see mqstore.consumequeue.format).
 
 Index: entry ``e`` holds ``max(block_max[block_start .. block_start + e])``, a running
 maximum, so it is sorted and ``np.searchsorted`` finds the first block whose running
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumequeue.format import blocks_per_file
+from mqstore.consumequeue.format import blocks_per_file
 
 __all__ = ["BlockGeometry", "TimeIndex"]
 

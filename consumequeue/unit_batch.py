@@ -11,8 +11,8 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError
-from consumequeue.format import UNIT, UNIT_SIZE_BYTES
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError
+from mqstore.consumequeue.format import UNIT, UNIT_SIZE_BYTES
 
 __all__ = [
     "INT64_MAX",

@@ -42,10 +42,10 @@ from typing import Any, Final, NamedTuple, NoReturn, Protocol
 
 import numpy as np
 
-from commitlog.commitlog import BatchFeed, CommitLog
-from commitlog.errors import ConfigError, CorruptDataError, DispatchFailedError
-from commitlog.mapped_file import MappedFile
-from commitlog.record import (
+from mqstore.commitlog.commitlog import BatchFeed, CommitLog
+from mqstore.commitlog.errors import ConfigError, CorruptDataError, DispatchFailedError
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import (
     BLANK_MAGIC,
     BLANK_SIZE,
     HEADER,
@@ -54,8 +54,8 @@ from commitlog.record import (
     decode_keys,
     tag_hash,
 )
-from consumequeue.queue_store import ConsumeQueueStore
-from consumequeue.tail_writer import TailWriter
+from mqstore.consumequeue.queue_store import ConsumeQueueStore
+from mqstore.consumequeue.tail_writer import TailWriter
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 

@@ -2,11 +2,11 @@
 
 ``IndexService`` owns the files of one store (``<root>/index/``); ``IndexConfig``
 shapes new files; ``key_hash`` is the hash every entry stores. The on-disk format is
-declared in ``indexfile.format``.
+declared in ``mqstore.indexfile.format``.
 """
 
-from indexfile.config import IndexConfig
-from indexfile.format import key_hash
-from indexfile.index_service import IndexService
+from mqstore.indexfile.config import IndexConfig
+from mqstore.indexfile.format import key_hash
+from mqstore.indexfile.index_service import IndexService
 
 __all__ = ["IndexConfig", "IndexService", "key_hash"]

@@ -12,8 +12,8 @@ from typing import Any, Final
 import attrs
 from attrs import validators as v
 
-from commitlog.errors import ConfigError
-from indexfile.format import file_size_bytes
+from mqstore.commitlog.errors import ConfigError
+from mqstore.indexfile.format import file_size_bytes
 
 __all__ = ["IndexConfig"]
 

@@ -47,8 +47,8 @@ import attrs
 import numpy as np
 import xxhash
 
-from commitlog.errors import InvalidTypeError
-from commitlog.record import validate_topic
+from mqstore.commitlog.errors import InvalidTypeError
+from mqstore.commitlog.record import validate_topic
 
 __all__ = [
     "ENTRIES_POSITION_BASE",

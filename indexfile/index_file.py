@@ -1,6 +1,6 @@
 """One index file: a hash table of key chains over a shared memory mapping.
 
-Format: see ``indexfile.format`` (48-byte prefix and header, int32 slots, 20-byte
+Format: see ``mqstore.indexfile.format`` (48-byte prefix and header, int32 slots, 20-byte
 entries, entry number 0 unused).
 
 Invariants (of a file written by this module):
@@ -41,9 +41,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from commitlog.durable import fsync_directory
-from commitlog.errors import CorruptDataError, DiskFullError
-from indexfile.format import (
+from mqstore.commitlog.durable import fsync_directory
+from mqstore.commitlog.errors import CorruptDataError, DiskFullError
+from mqstore.indexfile.format import (
     ENTRY,
     ENTRY_DTYPE,
     ENTRY_SIZE,

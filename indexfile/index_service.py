@@ -3,8 +3,8 @@
 The service appends key entries to the newest file, starts a new file when it is
 full (or when a time delta would overflow its i32), answers key queries across
 files newest first, truncates after CommitLog recovery and deletes old files for
-retention. The file format is in ``indexfile.format``; one file's invariants and
-write order are in ``indexfile.index_file``.
+retention. The file format is in ``mqstore.indexfile.format``; one file's invariants and
+write order are in ``mqstore.indexfile.index_file``.
 
 Invariants:
 - files sort by name in creation order (a clashing name is bumped by 1 ms), and
@@ -49,8 +49,8 @@ from typing import Final
 
 import numpy as np
 
-from commitlog.durable import fsync_directory, makedirs_durable
-from commitlog.errors import (
+from mqstore.commitlog.durable import fsync_directory, makedirs_durable
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -58,8 +58,8 @@ from commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from indexfile.config import IndexConfig
-from indexfile.format import (
+from mqstore.indexfile.config import IndexConfig
+from mqstore.indexfile.format import (
     HEADER_FIELD_POSITION,
     TIME_GRANULARITY_MS,
     entry_capacity,
@@ -67,7 +67,7 @@ from indexfile.format import (
     next_file_name,
     parse_file_name,
 )
-from indexfile.index_file import TEMP_SUFFIX, IndexFile
+from mqstore.indexfile.index_file import TEMP_SUFFIX, IndexFile
 
 __all__ = ["IndexService"]
 

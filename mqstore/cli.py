@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib
 import json
 import logging
 import os
@@ -45,8 +44,8 @@ from typing import Any, Final, NoReturn
 
 import attrs
 
-from commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
 from mqstore import cli_consume, cli_dump, cli_verify
+from mqstore.commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
 from mqstore.commitlog_engine import KEY_PROPERTY
 from mqstore.config import StoreConfig
 from mqstore.kafka import KafkaProducer
@@ -377,15 +376,10 @@ def _config_values(
 
 
 def _other_engine_settings(config_class: type) -> frozenset[str]:
-    """Settings only the other engine's config has (none when it is not installed)."""
-    try:
-        other = (
-            importlib.import_module("segmented.config").SegmentedConfig
-            if config_class is StoreConfig
-            else StoreConfig
-        )
-    except ImportError:
-        return frozenset()
+    """Settings only the other engine's config has."""
+    from mqstore.segmented.config import SegmentedConfig  # loaded only when needed
+
+    other = SegmentedConfig if config_class is StoreConfig else StoreConfig
     names = {field.name for field in attrs.fields(other) if field.init}
     return frozenset(names - {field.name for field in attrs.fields(config_class)})
 
@@ -424,12 +418,10 @@ def _open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
             f"pass --store or ${STORE_ENV})"
         )
     if args.engine == "segmented":  # the segmented engine has no read-only mode
-        try:
-            segmented = importlib.import_module("segmented")
-        except ImportError as error:
-            raise CliError(f"the segmented engine is not available: {error}") from None
-        config = segmented.SegmentedConfig(**_config_values(args, segmented.SegmentedConfig))
-        store = segmented.SegmentedStore.open(args.store, config)
+        from mqstore.segmented import SegmentedConfig, SegmentedStore  # loaded only when needed
+
+        config = SegmentedConfig(**_config_values(args, SegmentedConfig))
+        store: Any = SegmentedStore.open(args.store, config)
     else:
         store = MessageStore.open(args.store, _store_config(args), read_only=not write)
     try:

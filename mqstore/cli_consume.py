@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, Final
 
-from commitlog.errors import OffsetOutOfRangeError
 from mqstore.cli_dump import to_json
+from mqstore.commitlog.errors import OffsetOutOfRangeError
 
 __all__ = ["TIMESTAMP_NAMES", "consume", "print_record", "start_offset"]
 

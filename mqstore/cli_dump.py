@@ -35,9 +35,9 @@ import attrs
 import numpy as np
 import xxhash
 
-from commitlog import checkpoint as ckpt
-from commitlog.errors import CorruptDataError
-from commitlog.record import (
+from mqstore.commitlog import checkpoint as ckpt
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.record import (
     BLANK_MAGIC,
     BLANK_SIZE,
     HEADER,
@@ -48,7 +48,7 @@ from commitlog.record import (
     decode,
     read_prefix,
 )
-from consumequeue.format import (
+from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
     TIME_FILE_SUFFIX,
     TIME_HEADER,
@@ -60,7 +60,7 @@ from consumequeue.format import (
     blocks_per_file,
     check_time_header,
 )
-from indexfile import format as ix
+from mqstore.indexfile import format as ix
 
 __all__ = [
     "KINDS",

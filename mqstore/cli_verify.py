@@ -3,7 +3,7 @@ ConsumeQueue unit of a store, read straight from its files.
 
 What is checked:
 - CommitLog: every record's checksum, size, magic and claimed physical offset
-  (``commitlog.record.decode``); files of one size, without gaps; no records after
+  (``mqstore.commitlog.record.decode``); files of one size, without gaps; no records after
   the end of the log (the first run of zeros that is not followed by a blank record).
   A corrupt record whose size field is sane is stepped over, so every corrupt
   position is reported.
@@ -31,18 +31,6 @@ from typing import Any
 import attrs
 import numpy as np
 
-from commitlog import checkpoint as ckpt
-from commitlog.errors import CorruptDataError
-from commitlog.record import BLANK_SIZE, decode
-from consumequeue.format import (
-    FILE_NAME_DIGITS,
-    TIME_FILE_SUFFIX,
-    TIME_HEADER_SIZE_BYTES,
-    UNIT,
-    UNIT_SIZE_BYTES,
-    check_time_header,
-)
-from indexfile import format as ix
 from mqstore.cli_dump import (
     close_map,
     companion_times,
@@ -54,6 +42,18 @@ from mqstore.cli_dump import (
     walk_batches,
     walk_commitlog,
 )
+from mqstore.commitlog import checkpoint as ckpt
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.record import BLANK_SIZE, decode
+from mqstore.consumequeue.format import (
+    FILE_NAME_DIGITS,
+    TIME_FILE_SUFFIX,
+    TIME_HEADER_SIZE_BYTES,
+    UNIT,
+    UNIT_SIZE_BYTES,
+    check_time_header,
+)
+from mqstore.indexfile import format as ix
 from mqstore.layout import load_layout
 from mqstore.offsets import OffsetStore
 from mqstore.topics import TopicRegistry

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError, UnknownTopicError
-from commitlog.record import validate_topic
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, UnknownTopicError
+from mqstore.commitlog.record import validate_topic
 from mqstore.engine import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
-    from commitlog.commitlog import CommitLog
-    from consumequeue import ConsumeQueueStore
+    from mqstore.commitlog.commitlog import CommitLog
     from mqstore.config import StoreConfig
+    from mqstore.consumequeue import ConsumeQueueStore
     from mqstore.message import PutResult
     from mqstore.topics import TopicRegistry
 

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
-from commitlog.config import GIB, MIB, CommitLogConfig
-from commitlog.errors import ConfigError
+from mqstore.commitlog.config import GIB, MIB, CommitLogConfig
+from mqstore.commitlog.errors import ConfigError
 
 __all__ = ["StoreConfig", "TimestampType"]
 

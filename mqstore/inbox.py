@@ -92,8 +92,9 @@ from typing import Any, Final, Protocol
 import attrs
 import numpy as np
 
-from commitlog.durable import fsync_directory
-from commitlog.errors import (
+from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.commitlog.durable import fsync_directory
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -102,7 +103,6 @@ from commitlog.errors import (
     StoreError,
     UnknownTopicError,
 )
-from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.engine import ProducerRecord
 from mqstore.spool import (
     SPOOL_SUFFIX,

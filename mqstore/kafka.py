@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     IllegalStateError,
     InvalidArgumentError,
     InvalidTypeError,

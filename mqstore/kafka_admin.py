@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple
 
 import attrs
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     InvalidArgumentError,
     InvalidTypeError,
     TopicDeletionDisabledError,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,

@@ -30,8 +30,8 @@ import json
 import os
 from typing import Any, Final
 
-from commitlog.errors import ConfigError, CorruptDataError
 from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.commitlog.errors import ConfigError, CorruptDataError
 from mqstore.config import StoreConfig
 
 __all__ = [

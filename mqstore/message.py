@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from commitlog.commitlog import AppendResult
-from commitlog.record import Record
+from mqstore.commitlog.commitlog import AppendResult
+from mqstore.commitlog.record import Record
 
 __all__ = ["Message", "PutResult"]
 

@@ -19,14 +19,14 @@ import re
 import threading
 from typing import Any, Final
 
-from commitlog.durable import makedirs_durable
-from commitlog.errors import (
+from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.commitlog.durable import makedirs_durable
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
     ReadOnlyStoreError,
 )
-from mqstore.atomic import json_checksum, write_json_atomically
 
 __all__ = ["OffsetStore", "validate_group"]
 

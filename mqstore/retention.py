@@ -35,9 +35,9 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from commitlog.commitlog import CommitLog
-from commitlog.errors import StoreError
-from commitlog.mapped_file import MappedFile
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.errors import StoreError
+from mqstore.commitlog.mapped_file import MappedFile
 
 __all__ = [
     "FOREVER",

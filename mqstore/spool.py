@@ -59,9 +59,9 @@ import attrs
 import numpy as np
 import xxhash
 
-from commitlog.durable import fsync_directory
-from commitlog.errors import CorruptDataError, InvalidArgumentError, LimitExceededError
-from commitlog.record import validate_topic
+from mqstore.commitlog.durable import fsync_directory
+from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError, LimitExceededError
+from mqstore.commitlog.record import validate_topic
 
 __all__ = [
     "BLOCK_ROWS_MAX",

@@ -38,10 +38,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from commitlog.checkpoint import Checkpoint, CheckpointFile
-from commitlog.commitlog import BatchAppendResult, CommitLog
-from commitlog.durable import makedirs_durable
-from commitlog.errors import (
+from mqstore import retention
+from mqstore.commitlog.checkpoint import Checkpoint, CheckpointFile
+from mqstore.commitlog.commitlog import BatchAppendResult, CommitLog
+from mqstore.commitlog.durable import makedirs_durable
+from mqstore.commitlog.errors import (
     CorruptDataError,
     DispatchFailedError,
     FlushFailedError,
@@ -53,23 +54,22 @@ from commitlog.errors import (
     StoreError,
     UnknownTopicError,
 )
-from commitlog.lock import (
+from mqstore.commitlog.lock import (
     StoreLock,
     clear_abort,
     mark_abort,
     power_loss_possible,
     read_abort,
 )
-from commitlog.mapped_file import MappedFile
-from commitlog.record import decode_run, validate_topic
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from dispatch.dispatcher import Dispatcher
-from indexfile import IndexConfig, IndexService
-from indexfile.format import key_hash
-from mqstore import retention
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import decode_run, validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.dispatch.dispatcher import Dispatcher
 from mqstore.inbox import INBOX_DIR, Inbox
+from mqstore.indexfile import IndexConfig, IndexService
+from mqstore.indexfile.format import key_hash
 from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
 from mqstore.services import Scheduler

@@ -23,14 +23,14 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from commitlog.errors import (
+from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
     ReadOnlyStoreError,
 )
-from commitlog.record import validate_topic
-from mqstore.atomic import json_checksum, write_json_atomically
+from mqstore.commitlog.record import validate_topic
 
 __all__ = ["TopicConfig", "TopicRegistry", "TOPICS_NAME"]
 

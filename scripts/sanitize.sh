@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build commitlog._native with AddressSanitizer and UndefinedBehaviorSanitizer into a
+# Build mqstore.commitlog._native with AddressSanitizer and UndefinedBehaviorSanitizer into a
 # scratch copy of the tree, run the C-facing tests and the fuzz of every native
 # function under it, and exit non-zero on any finding (or any failing test).
 #
@@ -61,7 +61,7 @@ echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples pe
 rm -rf "$SCRATCH/src" "$SCRATCH/tmp" "$SCRATCH/reports"
 mkdir -p "$SCRATCH/src" "$SCRATCH/reports"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z | grep -zv '\.so$' |
-    xargs -0 cp --parents -t "$SCRATCH/src")
+    xargs -0 cp -P --parents -t "$SCRATCH/src")
 
 SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -fno-wrapv"
 (cd "$SCRATCH/src" && CC=$CC CFLAGS="$SAN_FLAGS -g" LDFLAGS="-fsanitize=address,undefined" \
@@ -89,7 +89,7 @@ export PYTHONPATH=$SCRATCH/src
 unset MQSTORE_PURE_PYTHON
 
 cd "$SCRATCH/src"
-LOADED=$("$PY" -c 'import commitlog._native as n; print(n.__file__)')
+LOADED=$("$PY" -c 'import mqstore.commitlog._native as n; print(n.__file__)')
 if [ "$LOADED" != "$SO" ]; then
     echo "sanitize: imported $LOADED, not the instrumented $SO" >&2
     exit 1

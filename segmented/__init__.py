@@ -1,7 +1,7 @@
 """segmented: Kafka's segmented log, the baseline mqstore's CommitLog is measured
 against, behind the same engine interface (``mqstore.engine.Engine``).
 
-    from segmented import SegmentedConfig, SegmentedStore
+    from mqstore.segmented import SegmentedConfig, SegmentedStore
     from mqstore.engine import ProducerRecord
 
     with SegmentedStore.open("./kafka-data", SegmentedConfig(flush_mode="sync")) as store:
@@ -10,7 +10,7 @@ against, behind the same engine interface (``mqstore.engine.Engine``).
         records = store.read_records("orders", 0, appended.offset, 10)
 """
 
-from segmented.config import SegmentedConfig
-from segmented.store import SegmentedStore
+from mqstore.segmented.config import SegmentedConfig
+from mqstore.segmented.store import SegmentedStore
 
 __all__ = ["SegmentedConfig", "SegmentedStore"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
-from segmented.record_batch import HEADER_SIZE, build_batch, encode_record
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
+from mqstore.segmented.record_batch import HEADER_SIZE, build_batch, encode_record
 
 __all__ = ["RECORDS_PER_BATCH_MAX", "BuiltBatch", "build"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from commitlog.errors import CorruptDataError
-from segmented.files import fsync_directory
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.segmented.files import fsync_directory
 
 __all__ = ["read_offsets", "write_offsets"]
 

@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 import attrs
 from attrs import validators as v
 
-from commitlog.errors import ConfigError
+from mqstore.commitlog.errors import ConfigError
 
 __all__ = ["SegmentedConfig"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from commitlog.durable import fsync_directory  # re-exported: the segmented files use it
+from mqstore.commitlog.durable import fsync_directory  # re-exported: the segmented files use it
 
 __all__ = [
     "CLEAN_SHUTDOWN_NAME",

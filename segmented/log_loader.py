@@ -26,16 +26,16 @@ from typing import Final
 
 import attrs
 
-from commitlog.errors import CorruptDataError
-from segmented.files import (
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.segmented.files import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     parse_base_offset,
 )
-from segmented.index_file import MappedIndexCache
-from segmented.segment import LogSegment, SegmentSettings
+from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.segment import LogSegment, SegmentSettings
 
 __all__ = ["LoadedLog", "load_partition"]
 

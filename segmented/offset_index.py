@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import ClassVar, Final
 
-from segmented.index_file import IndexFile, IndexSanityError
+from mqstore.segmented.index_file import IndexFile, IndexSanityError
 
 __all__ = ["OffsetIndex"]
 

@@ -35,12 +35,12 @@ from typing import Final
 
 import attrs
 
-from commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreClosedError
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreClosedError
 from mqstore.engine import EngineRecord
-from segmented.index_file import MappedIndexCache
-from segmented.log_loader import LoadedLog
-from segmented.record_batch import set_base_offset
-from segmented.segment import LogSegment, SegmentSettings
+from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.log_loader import LoadedLog
+from mqstore.segmented.record_batch import set_base_offset
+from mqstore.segmented.segment import LogSegment, SegmentSettings
 
 __all__ = ["LogSettings", "PartitionLog"]
 
@@ -215,7 +215,7 @@ class PartitionLog:
 
     @property
     def write_position(self) -> int:
-        """Flushable (commitlog.flush): positions are offsets here."""
+        """Flushable (mqstore.commitlog.flush): positions are offsets here."""
         return self.next_offset
 
     @property

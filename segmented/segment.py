@@ -37,18 +37,18 @@ from typing import Final
 
 import attrs
 
-from commitlog.errors import CorruptDataError, DiskFullError
+from mqstore.commitlog.errors import CorruptDataError, DiskFullError
 from mqstore.engine import EngineRecord
-from segmented.files import (
+from mqstore.segmented.files import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     segment_path,
 )
-from segmented.index_file import IndexSanityError, MappedIndexCache
-from segmented.offset_index import OffsetIndex
-from segmented.record_batch import (
+from mqstore.segmented.index_file import IndexSanityError, MappedIndexCache
+from mqstore.segmented.offset_index import OffsetIndex
+from mqstore.segmented.record_batch import (
     HEADER_SIZE,
     BatchHeader,
     MalformedBatchError,
@@ -58,7 +58,7 @@ from segmented.record_batch import (
     decode_batches,
     decode_records,
 )
-from segmented.time_index import NO_TIMESTAMP, TimeIndex
+from mqstore.segmented.time_index import NO_TIMESTAMP, TimeIndex
 
 __all__ = ["LogSegment", "RecoveryResult", "SegmentSettings"]
 

@@ -5,7 +5,7 @@ partition, cut into segments, each with a sparse offset index and a time index.
 
 On disk (one store = one directory)::
 
-    <root>/lock                               writer lock (commitlog.lock.StoreLock)
+    <root>/lock                               writer lock (mqstore.commitlog.lock.StoreLock)
     <root>/.kafka_cleanshutdown               written by a clean close, removed at open
     <root>/recovery-point-offset-checkpoint   per partition: the offset below which the
                                               .log and the indexes are durable
@@ -51,7 +51,7 @@ from typing import Any, Final
 
 import attrs
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -60,27 +60,27 @@ from commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from commitlog.flush import GroupCommitService
-from commitlog.lock import StoreLock
-from commitlog.record import validate_topic
+from mqstore.commitlog.flush import GroupCommitService
+from mqstore.commitlog.lock import StoreLock
+from mqstore.commitlog.record import validate_topic
 from mqstore.engine import AppendedRecord, EngineRecord, ProducerRecord
 from mqstore.offsets import OffsetStore
-from mqstore.services import Scheduler
-from mqstore.topics import TopicConfig, TopicRegistry, check_topic_config
-from segmented import batch_builder
-from segmented.checkpoint import read_offsets, write_offsets
-from segmented.config import SegmentedConfig
-from segmented.files import (
+from mqstore.segmented import batch_builder
+from mqstore.segmented.checkpoint import read_offsets, write_offsets
+from mqstore.segmented.config import SegmentedConfig
+from mqstore.segmented.files import (
     CLEAN_SHUTDOWN_NAME,
     LOG_START_OFFSET_CHECKPOINT_NAME,
     RECOVERY_POINT_CHECKPOINT_NAME,
     fsync_directory,
     partition_directory,
 )
-from segmented.index_file import MappedIndexCache
-from segmented.log_loader import load_partition
-from segmented.partition_log import LogSettings, PartitionLog
-from segmented.segment import LogSegment, SegmentSettings
+from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.log_loader import load_partition
+from mqstore.segmented.partition_log import LogSettings, PartitionLog
+from mqstore.segmented.segment import LogSegment, SegmentSettings
+from mqstore.services import Scheduler
+from mqstore.topics import TopicConfig, TopicRegistry, check_topic_config
 
 __all__ = ["SegmentedStore"]
 

@@ -1,6 +1,6 @@
 """Arrow RecordBatches of one queue's messages, decoded with numpy.
 
-The CommitLog record layout is declared in ``commitlog.record``; ``HEADER_DTYPE``
+The CommitLog record layout is declared in ``mqstore.commitlog.record``; ``HEADER_DTYPE``
 below is its numpy twin (checked against ``record.HEADER`` at import), so a run of
 records is parsed as one structured array rather than record by record.
 
@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from commitlog.errors import CorruptDataError, OffsetOutOfRangeError
-from commitlog.record import (
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
+from mqstore.commitlog.record import (
     FLAG_NULL_BODY,
     FLAGS_KNOWN,
     HEADER,

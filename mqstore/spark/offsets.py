@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from commitlog.errors import InvalidArgumentError, OffsetOutOfRangeError
+from mqstore.commitlog.errors import InvalidArgumentError, OffsetOutOfRangeError
 
 __all__ = [
     "EARLIEST",

@@ -64,8 +64,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from commitlog.errors import InvalidArgumentError, UnknownTopicError
 from mqstore.atomic import write_json_atomically
+from mqstore.commitlog.errors import InvalidArgumentError, UnknownTopicError
 from mqstore.engine import ProducerRecord
 from mqstore.inbox import INBOX_DIR, QUARANTINE_DIR, SpoolRejectedError, pending_spools
 from mqstore.kafka import murmur2

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from commitlog.errors import InvalidArgumentError, StoreLockedError
 from mqstore.cli_verify import disk_layout
+from mqstore.commitlog.errors import InvalidArgumentError, StoreLockedError
 from mqstore.config import StoreConfig
 from mqstore.store import MessageStore
 from mqstore.topics import TopicConfig

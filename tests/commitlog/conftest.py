@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.config import CommitLogConfig
 
 SMALL_FILE_BYTES = 64 * 1024
 

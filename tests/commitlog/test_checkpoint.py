@@ -5,7 +5,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.checkpoint import SLOT_SIZE, Checkpoint, CheckpointFile
+from mqstore.commitlog.checkpoint import SLOT_SIZE, Checkpoint, CheckpointFile
 
 
 def test_missing_file_means_no_checkpoint(tmp_path):

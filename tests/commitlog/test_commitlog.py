@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from commitlog.commitlog import BATCH_MESSAGES_MAX, CommitLog
-from commitlog.config import CommitLogConfig
-from commitlog.errors import (
+from mqstore.commitlog.commitlog import BATCH_MESSAGES_MAX, CommitLog
+from mqstore.commitlog.config import CommitLogConfig
+from mqstore.commitlog.errors import (
     DiskFullError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -16,7 +16,7 @@ from commitlog.errors import (
     OffsetOutOfRangeError,
     StoreClosedError,
 )
-from commitlog.record import BLANK_MAGIC, PREFIX
+from mqstore.commitlog.record import BLANK_MAGIC, PREFIX
 
 FILE = 64 * 1024
 
@@ -241,7 +241,7 @@ def test_queue_offset_loader_is_asked_for_unseen_queues(tmp_path, small_config):
 
 
 def test_config_bounds():
-    from commitlog.errors import ConfigError
+    from mqstore.commitlog.errors import ConfigError
 
     with pytest.raises(ConfigError):
         CommitLogConfig(file_size_bytes=1000)

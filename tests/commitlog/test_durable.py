@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from commitlog import durable
-from commitlog.durable import fsync_directory, fsync_file, makedirs_durable
-from commitlog.errors import DiskFullError, StoreError
+from mqstore.commitlog import durable
+from mqstore.commitlog.durable import fsync_directory, fsync_file, makedirs_durable
+from mqstore.commitlog.errors import DiskFullError, StoreError
 
 
 def test_makedirs_durable_fsyncs_the_parent_of_every_new_directory(tmp_path, syscalls):

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from commitlog import file_queue
-from commitlog.file_queue import MappedFileQueue
+from mqstore.commitlog import file_queue
+from mqstore.commitlog.file_queue import MappedFileQueue
 from tests.commitlog.conftest import SMALL_FILE_BYTES
 
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
-from commitlog.errors import FlushFailedError, FlushTimeoutError
-from commitlog.mapped_file import MappedFile
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.config import CommitLogConfig
+from mqstore.commitlog.errors import FlushFailedError, FlushTimeoutError
+from mqstore.commitlog.mapped_file import MappedFile
 
 FILE = 64 * 1024
 

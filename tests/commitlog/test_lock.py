@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from commitlog.errors import StoreLockedError
-from commitlog.lock import StoreLock, clear_abort, mark_abort
+from mqstore.commitlog.errors import StoreLockedError
+from mqstore.commitlog.lock import StoreLock, clear_abort, mark_abort
 
 
 def test_second_writer_in_the_same_process_is_refused(tmp_path):
@@ -24,8 +24,8 @@ def test_second_writer_in_another_process_is_refused(tmp_path):
     lock = StoreLock.acquire(str(tmp_path))
     code = (
         "import sys\n"
-        "from commitlog.lock import StoreLock\n"
-        "from commitlog.errors import StoreLockedError\n"
+        "from mqstore.commitlog.lock import StoreLock\n"
+        "from mqstore.commitlog.errors import StoreLockedError\n"
         "try:\n"
         f"    StoreLock.acquire({str(tmp_path)!r})\n"
         "except StoreLockedError:\n"
@@ -39,7 +39,7 @@ def test_second_writer_in_another_process_is_refused(tmp_path):
 def test_lock_of_a_killed_process_is_taken_over(tmp_path):
     code = (
         "import sys, time\n"
-        "from commitlog.lock import StoreLock\n"
+        "from mqstore.commitlog.lock import StoreLock\n"
         f"StoreLock.acquire({str(tmp_path)!r})\n"
         "print('locked', flush=True)\n"
         "time.sleep(60)\n"

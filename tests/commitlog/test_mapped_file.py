@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from commitlog.errors import CorruptDataError
-from commitlog.mapped_file import MappedFile, file_name, parse_file_name
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.mapped_file import MappedFile, file_name, parse_file_name
 
 
 def test_names_are_20_digits_and_sort_numerically():

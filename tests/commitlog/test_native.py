@@ -15,11 +15,11 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import record
-from commitlog.native import NATIVE
+from mqstore.commitlog import record
+from mqstore.commitlog.native import NATIVE
 from tests import strategies as s
 
-native = pytest.mark.skipif(NATIVE is None, reason="commitlog._native is not built")
+native = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
 
 _records = st.tuples(
     s.bodies | st.none(), s.keys, s.tags, s.property_pairs, s.timestamps_ms | st.none()
@@ -157,7 +157,7 @@ def test_encode_into_refuses_inconsistent_lengths() -> None:
 
 _ROUND_TRIP = """
 import sys
-from commitlog.native import NATIVE
+from mqstore.commitlog.native import NATIVE
 from mqstore import MessageStore, StoreConfig
 assert (NATIVE is None) == (sys.argv[2] == "pure"), NATIVE
 with MessageStore.open(sys.argv[1], StoreConfig(prewarm=False)) as store:
@@ -472,7 +472,7 @@ def test_arrays_of_the_wrong_item_size_or_alignment_are_refused() -> None:
 
 def _tail_row(units: np.ndarray, times: np.ndarray, blocks: np.ndarray, **values: int):
     """One row of the tail writer's table (columns as consumequeue/tail_writer.py)."""
-    from consumequeue import tail_writer as tw
+    from mqstore.consumequeue import tail_writer as tw
 
     row = np.zeros(tw._COLUMNS, np.int64)
     row[tw._UNITS_ADDR] = units.ctypes.data
@@ -515,7 +515,7 @@ def test_layout_mismatch_is_an_import_error_naming_the_field() -> None:
     module built from another layout is refused, naming what differs."""
     from types import SimpleNamespace
 
-    from commitlog.native import LayoutMismatchError, check_layout
+    from mqstore.commitlog.native import LayoutMismatchError, check_layout
 
     good = dict(record.LAYOUT)
     check_layout(SimpleNamespace(__name__="fake", LAYOUT=good), record.LAYOUT, "record.py")
@@ -538,7 +538,7 @@ def test_c_layout_is_record_py_layout() -> None:
 _CRAFTED_UNITS = """
 import random, struct, sys
 from pathlib import Path
-from commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError
 from mqstore import MessageStore, StoreConfig
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -601,7 +601,7 @@ def test_get_over_crafted_consumequeue_units_is_corrupt_data_not_a_crash(tmp_pat
     in verify_records). In a subprocess, so that a crash fails this test instead of
     killing the runner."""
     if not pure and NATIVE is None:
-        pytest.skip("commitlog._native is not built")
+        pytest.skip("mqstore.commitlog._native is not built")
     env = dict(os.environ)
     if pure:
         env["MQSTORE_PURE_PYTHON"] = "1"

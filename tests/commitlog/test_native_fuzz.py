@@ -1,4 +1,4 @@
-"""Fuzz every function of commitlog._native with hostile arguments.
+"""Fuzz every function of mqstore.commitlog._native with hostile arguments.
 
 Offsets and sizes negative, huge, or chosen so that ``at + size`` wraps past 2**63;
 buffers too short; arrays of the wrong item size; crafted records (header fields
@@ -28,10 +28,10 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog import record
-from commitlog.native import NATIVE
+from mqstore.commitlog import record
+from mqstore.commitlog.native import NATIVE
 
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="commitlog._native is not built")
+pytestmark = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 EXAMPLES = int(os.environ.get("MQSTORE_FUZZ_EXAMPLES", "100"))
@@ -412,7 +412,7 @@ _CAPACITY = 6  # units each fuzzed row's arrays hold
 def _write_units_model(table: np.ndarray, files: list, columns: list, start: int) -> int:
     """write_units in Python, on ``files`` (units, times, blocks per row) instead of
     raw addresses: the rule the C loop follows."""
-    from consumequeue import tail_writer as tw
+    from mqstore.consumequeue import tail_writer as tw
 
     slots, qoffs, clogs, sizes, tags, times = (c.tolist() for c in columns)
     for i in range(start, len(slots)):
@@ -464,7 +464,7 @@ def test_fuzz_write_units(rows: list, data: st.DataObject) -> None:
     """Intervals of 0 and below, units below FILE_FIRST or past LIMIT, offsets whose
     differences wrap, slots outside the table, sizes <= 0, a bad start: C writes
     exactly what the model writes, and nothing outside the rows' arrays."""
-    from consumequeue import tail_writer as tw
+    from mqstore.consumequeue import tail_writer as tw
 
     assert NATIVE is not None
     count = data.draw(st.integers(0, 8))

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import record
-from commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidTypeError
+from mqstore.commitlog import record
+from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidTypeError
 from tests import strategies as s
 
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
-from commitlog.errors import CorruptDataError
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.config import CommitLogConfig
+from mqstore.commitlog.errors import CorruptDataError
 
 FILE = 64 * 1024
 
@@ -169,8 +169,8 @@ def test_wrong_file_size_is_refused(tmp_path, config):
 CHILD = textwrap.dedent(
     """
     import os, sys
-    from commitlog.commitlog import CommitLog
-    from commitlog.config import CommitLogConfig
+    from mqstore.commitlog.commitlog import CommitLog
+    from mqstore.commitlog.config import CommitLogConfig
     directory, seed = sys.argv[1], int(sys.argv[2])
     config = CommitLogConfig(file_size_bytes=64 * 1024, prewarm=False, flush_mode="sync")
     log = CommitLog.open(directory, config)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 
 StoreFactory = Callable[..., ConsumeQueueStore]
 

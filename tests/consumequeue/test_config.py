@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from commitlog.errors import ConfigError
-from consumequeue import ConsumeQueueConfig
+from mqstore.commitlog.errors import ConfigError
+from mqstore.consumequeue import ConsumeQueueConfig
 
 
 def test_defaults_follow_rocketmq() -> None:

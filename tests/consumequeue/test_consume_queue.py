@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -18,9 +18,9 @@ from commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from consumequeue import UNIT, ConsumeQueue, ConsumeQueueStore
-from consumequeue.format import block_max_position_bytes, time_file_name, unit_file_name
-from consumequeue.queue_store import ConsumeQueueStore as _Store
+from mqstore.consumequeue import UNIT, ConsumeQueue, ConsumeQueueStore
+from mqstore.consumequeue.format import block_max_position_bytes, time_file_name, unit_file_name
+from mqstore.consumequeue.queue_store import ConsumeQueueStore as _Store
 
 StoreFactory = Callable[..., _Store]
 UPF = 8  # units per file in these tests (the conftest default): files roll often

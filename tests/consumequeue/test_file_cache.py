@@ -8,11 +8,11 @@ import threading
 import numpy as np
 import pytest
 
-from commitlog.errors import FlushFailedError, StoreError
-from consumequeue import UNIT
-from consumequeue import file_cache as file_cache_module
-from consumequeue.file_cache import FileCache
-from consumequeue.mapped_file import MappedUnitFile
+from mqstore.commitlog.errors import FlushFailedError, StoreError
+from mqstore.consumequeue import UNIT
+from mqstore.consumequeue import file_cache as file_cache_module
+from mqstore.consumequeue.file_cache import FileCache
+from mqstore.consumequeue.mapped_file import MappedUnitFile
 
 UPF = 8
 

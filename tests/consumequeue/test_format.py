@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import CorruptDataError
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from consumequeue.format import (
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue.format import (
     TIME_FILE_MAGIC,
     TIME_HEADER,
     TIME_HEADER_SIZE_BYTES,

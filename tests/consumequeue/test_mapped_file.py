@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from commitlog.errors import CorruptDataError
-from consumequeue.format import UNIT, time_file_size_bytes, unit_file_size_bytes
-from consumequeue.mapped_file import (
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.consumequeue.format import UNIT, time_file_size_bytes, unit_file_size_bytes
+from mqstore.consumequeue.mapped_file import (
     MappedTimeFile,
     MappedUnitFile,
     block_maxima,

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from commitlog.errors import CorruptDataError, OffsetOutOfRangeError
-from consumequeue import UNIT, ConsumeQueueConfig
-from consumequeue.format import time_file_name, unit_file_name
-from consumequeue.queue_files import QueueContext, QueueFiles
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
+from mqstore.consumequeue import UNIT, ConsumeQueueConfig
+from mqstore.consumequeue.format import time_file_name, unit_file_name
+from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
 
 CONFIG = ConsumeQueueConfig(units_per_file=8, max_open_files=4, time_index_interval_units=3)
 

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from consumequeue import QUEUE_ID_MAX, ConsumeQueueConfig, ConsumeQueueStore
-from consumequeue import file_cache as file_cache_module
+from mqstore.consumequeue import QUEUE_ID_MAX, ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue import file_cache as file_cache_module
 from tests import strategies
 
 StoreFactory = Callable[..., ConsumeQueueStore]
@@ -276,7 +276,7 @@ def test_context_manager_closes(cq_dir: str) -> None:
 
 READER_SCRIPT = """
 import sys
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 config = ConsumeQueueConfig(units_per_file=8, max_open_files=16, time_index_interval_units=3)
 store = ConsumeQueueStore.open(sys.argv[1], config, read_only=True)
 queue = store.queue("t", 0)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import CorruptDataError
-from commitlog.native import NATIVE
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from consumequeue.tail_writer import TailWriter
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.native import NATIVE
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue.tail_writer import TailWriter
 
 TOPIC = "t"
 
@@ -140,7 +140,7 @@ def test_tail_writer_writes_what_put_writes(tmp_path_factory, ops, max_open_file
     _run(str(tmp_path_factory.mktemp("tail")), ops, max_open_files, chunked)
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the fast path needs commitlog._native")
+@pytest.mark.skipif(NATIVE is None, reason="the fast path needs mqstore.commitlog._native")
 def test_rows_attach_and_take_the_fast_path(tmp_path) -> None:
     """With few queues the rows attach: after the first unit of a file, later units
     of that file do not go through ConsumeQueue.put."""

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumequeue.time_index import BlockGeometry, TimeIndex
+from mqstore.consumequeue.time_index import BlockGeometry, TimeIndex
 
 
 def test_block_geometry_with_a_short_last_block() -> None:

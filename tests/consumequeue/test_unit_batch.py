@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError
-from consumequeue import UNIT
-from consumequeue.unit_batch import UnitBatch, check_int
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError
+from mqstore.consumequeue import UNIT
+from mqstore.consumequeue.unit_batch import UnitBatch, check_int
 
 
 def test_check_int() -> None:

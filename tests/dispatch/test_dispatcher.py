@@ -19,17 +19,22 @@ from typing import Any
 
 import pytest
 
-from commitlog.commitlog import CommitLog
-from commitlog.config import CommitLogConfig
-from commitlog.errors import ConfigError, CorruptDataError, DiskFullError, DispatchFailedError
-from commitlog.mapped_file import MappedFile
-from commitlog.record import BLANK_MAGIC, HEADER_SIZE, MESSAGE_MAGIC
-from consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from consumequeue.consume_queue import ConsumeQueue
-from consumequeue.tail_writer import TailWriter
-from dispatch.dispatcher import Dispatcher
-from indexfile import IndexConfig, IndexService
 from mqstore import MessageStore, StoreConfig
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.config import CommitLogConfig
+from mqstore.commitlog.errors import (
+    ConfigError,
+    CorruptDataError,
+    DiskFullError,
+    DispatchFailedError,
+)
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import BLANK_MAGIC, HEADER_SIZE, MESSAGE_MAGIC
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.tail_writer import TailWriter
+from mqstore.dispatch.dispatcher import Dispatcher
+from mqstore.indexfile import IndexConfig, IndexService
 
 FILE_BYTES = 64 * 1024  # small CommitLog files, so a few hundred records roll several
 BODY = b"b" * 200
@@ -357,7 +362,7 @@ def test_a_transient_failure_is_retried_and_loses_nothing(parts, monkeypatch, ca
     faults = _Faults(monkeypatch, times=3)
     parts.append(60)
     dispatcher = parts.dispatcher(retry_window_ms=10_000)
-    with caplog.at_level(logging.WARNING, logger="dispatch.dispatcher"):
+    with caplog.at_level(logging.WARNING, logger="mqstore.dispatch.dispatcher"):
         dispatcher.start()
         # The round that succeeds moves the position before the service loop clears
         # last_error: wait for both (a slow build, under ASan, showed the gap).

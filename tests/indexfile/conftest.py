@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 import pytest
 
-from indexfile import IndexConfig, IndexService
+from mqstore.indexfile import IndexConfig, IndexService
 
 TINY = IndexConfig(slot_count=4, entry_count=64)
 BASE_TS_MS = 1_700_000_000_000  # a realistic store time (2023-11)

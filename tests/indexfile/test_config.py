@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from commitlog.errors import ConfigError
-from indexfile import IndexConfig
+from mqstore.commitlog.errors import ConfigError
+from mqstore.indexfile import IndexConfig
 
 
 def test_defaults_follow_rocketmq() -> None:

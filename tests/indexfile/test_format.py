@@ -8,9 +8,9 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError
-from indexfile import format as fmt
-from indexfile.format import IndexHeader
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError
+from mqstore.indexfile import format as fmt
+from mqstore.indexfile.format import IndexHeader
 from tests.strategies import topics
 
 i32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import CorruptDataError
-from indexfile import format as fmt
-from indexfile.index_file import TEMP_SUFFIX, IndexFile
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.indexfile import format as fmt
+from mqstore.indexfile.index_file import TEMP_SUFFIX, IndexFile
 
 NAME = "20231114221320123"
 TS = 1_700_000_000_000
@@ -176,7 +176,7 @@ def test_walk_stops_at_the_first_entry_older_than_the_range(make_file, monkeypat
             visited.append(position)
             return original(buffer, position)
 
-    monkeypatch.setattr("indexfile.index_file.ENTRY", CountingEntry)
+    monkeypatch.setattr("mqstore.indexfile.index_file.ENTRY", CountingEntry)
     assert all_of(file, 7, (TS + 7000, TS + 8000)) == [8, 7]
     assert len(visited) == 4  # entries 10, 9, 8, then 7 (older than the range): stop
 

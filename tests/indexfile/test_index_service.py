@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -29,9 +29,9 @@ from commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from indexfile import IndexConfig, IndexService
-from indexfile import format as fmt
-from indexfile.index_file import IndexFile
+from mqstore.indexfile import IndexConfig, IndexService
+from mqstore.indexfile import format as fmt
+from mqstore.indexfile.index_file import IndexFile
 from tests.indexfile.conftest import BASE_TS_MS, TINY, Model
 
 TS = BASE_TS_MS
@@ -379,7 +379,7 @@ def test_a_reader_relists_only_when_the_directory_may_have_changed(
 
 WRITER_SCRIPT = """
 import sys
-from indexfile import IndexConfig, IndexService
+from mqstore.indexfile import IndexConfig, IndexService
 with IndexService.open(sys.argv[1], IndexConfig(slot_count=2, entry_count=8)) as index:
     for i in range(int(sys.argv[2]), int(sys.argv[3])):
         index.put("t", ["k"], i, 1_700_000_000_000 + i)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqstore import MessageStore, StoreConfig
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 from tests.mqstore.conftest import SMALL
 
 ENGINES = ["commitlog", "segmented"]

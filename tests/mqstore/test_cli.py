@@ -481,13 +481,3 @@ def test_segmented_engine_round_trip_dump_and_verify(tmp_path: Path) -> None:
     flip_byte(log_file, log_file.stat().st_size - 1)
     out = mqstore(store, *engine, "verify", code=2).stdout.decode()
     assert f"corrupt: {log_file} position 0: CRC-32C mismatch" in out
-
-
-def test_missing_segmented_engine_is_a_one_line_error(tmp_path: Path) -> None:
-    fake = tmp_path / "fake" / "segmented"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise ImportError("not built yet")\n')
-    env = {"PYTHONPATH": str(fake.parent)}
-    command = ["--engine", "segmented", "topics", "create", "t"]
-    result = mqstore(tmp_path / "k", *command, env=env, code=1)
-    assert_one_line_error(result, "the segmented engine is not available: not built yet")

@@ -10,9 +10,6 @@ import attrs
 import numpy as np
 import pytest
 
-from commitlog import lock
-from commitlog.checkpoint import CheckpointFile
-from consumequeue import file_cache
 from mqstore import (
     CorruptDataError,
     FlushFailedError,
@@ -27,6 +24,9 @@ from mqstore import (
     StoreError,
     StoreLockedError,
 )
+from mqstore.commitlog import lock
+from mqstore.commitlog.checkpoint import CheckpointFile
+from mqstore.consumequeue import file_cache
 from tests.mqstore.conftest import SMALL
 
 
@@ -505,7 +505,7 @@ def test_open_after_a_power_cut_repairs_what_the_checkpoint_did_not_claim(tmp_pa
     after the checkpoint's claim were torn by a power cut, and open refused ("unit ...
     breaks the order", "end offset 0 before begin offset"). Derived data past the claim
     is never trusted after a crash: it is cut back and rebuilt from the CommitLog."""
-    from indexfile import format as index_format
+    from mqstore.indexfile import format as index_format
 
     config = StoreConfig(**{**SMALL, "consumequeue_flush_interval_ms": 3_600_000})
     path = tmp_path / "s"
@@ -570,8 +570,8 @@ def test_a_put_is_never_failed_by_the_dispatch_it_helps_with(open_store, monkeyp
     dispatches before it returns; when that dispatch failed (a full disk for a new
     ConsumeQueue file), the put raised DiskFullError although its record was already
     in the log, so the caller counted an unwritten record that was there."""
-    from commitlog.errors import DiskFullError
     from mqstore import store as store_module
+    from mqstore.commitlog.errors import DiskFullError
 
     store = open_store()
     store.put("t", 0, b"first")

@@ -23,7 +23,7 @@ from mqstore import (
     TopicPartition,
     UnknownTopicError,
 )
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 from tests.mqstore.conftest import SMALL
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from mqstore.engine import ProducerRecord
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 
 SMALL = dict(
     segment_bytes=4096,

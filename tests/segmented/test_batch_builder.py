@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
 from mqstore.engine import ProducerRecord
-from segmented.batch_builder import RECORDS_PER_BATCH_MAX, build
-from segmented.record_batch import check_batch, decode_records
+from mqstore.segmented.batch_builder import RECORDS_PER_BATCH_MAX, build
+from mqstore.segmented.record_batch import check_batch, decode_records
 
 
 def _decode(built):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.errors import CorruptDataError
-from segmented.checkpoint import read_offsets, write_offsets
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.segmented.checkpoint import read_offsets, write_offsets
 
 from .strategies import topics_and_partitions
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from commitlog.errors import ConfigError
-from segmented import SegmentedConfig
+from mqstore.commitlog.errors import ConfigError
+from mqstore.segmented import SegmentedConfig
 
 
 def test_defaults_are_kafkas():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from segmented.files import LOG_SUFFIX, parse_base_offset, partition_directory, segment_path
+from mqstore.segmented.files import LOG_SUFFIX, parse_base_offset, partition_directory, segment_path
 
 
 def test_segment_names_sort_numerically_and_parse_back():

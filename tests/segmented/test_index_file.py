@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from segmented.index_file import MappedIndexCache
-from segmented.offset_index import OffsetIndex
+from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.offset_index import OffsetIndex
 
 
 def _inactive_index(tmp_path, name: str, cache: MappedIndexCache) -> OffsetIndex:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from commitlog.errors import CorruptDataError
-from segmented import SegmentedConfig
-from segmented.files import LOG_START_OFFSET_CHECKPOINT_NAME
-from segmented.record_batch import check_batch
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.segmented import SegmentedConfig
+from mqstore.segmented.files import LOG_START_OFFSET_CHECKPOINT_NAME
+from mqstore.segmented.record_batch import check_batch
 
 from .conftest import SMALL, record, segment_files
 

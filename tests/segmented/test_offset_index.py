@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segmented.index_file import IndexSanityError
-from segmented.offset_index import OffsetIndex
+from mqstore.segmented.index_file import IndexSanityError
+from mqstore.segmented.offset_index import OffsetIndex
 
 BASE = 1_000
 

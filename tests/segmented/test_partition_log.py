@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqstore.engine import ProducerRecord
-from segmented import SegmentedConfig, SegmentedStore
-from segmented.record_batch import check_batch
+from mqstore.segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented.record_batch import check_batch
 
 from .conftest import SMALL, FakeClock, record, segment_files
 from .strategies import timed_batches

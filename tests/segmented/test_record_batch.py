@@ -11,8 +11,8 @@ from kafka.record import MemoryRecords
 from kafka.record.util import decode_varint, encode_varint
 
 from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
-from segmented import batch_builder
-from segmented.record_batch import (
+from mqstore.segmented import batch_builder
+from mqstore.segmented.record_batch import (
     HEADER,
     HEADER_SIZE,
     MalformedBatchError,

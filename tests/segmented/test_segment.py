@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError
 from mqstore.engine import ProducerRecord
-from segmented import batch_builder
-from segmented.index_file import MappedIndexCache
-from segmented.record_batch import set_base_offset
-from segmented.segment import LogSegment, SegmentSettings
-from segmented.time_index import NO_TIMESTAMP
+from mqstore.segmented import batch_builder
+from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.record_batch import set_base_offset
+from mqstore.segmented.segment import LogSegment, SegmentSettings
+from mqstore.segmented.time_index import NO_TIMESTAMP
 
 SETTINGS = SegmentSettings(index_interval_bytes=300, index_max_bytes=4096)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kafka.record import MemoryRecords
 
-from commitlog.errors import (
+from mqstore.commitlog.errors import (
     InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
@@ -24,8 +24,8 @@ from commitlog.errors import (
     UnknownTopicError,
 )
 from mqstore.engine import Engine, ProducerRecord
-from segmented import SegmentedConfig, SegmentedStore
-from segmented.files import CLEAN_SHUTDOWN_NAME, RECOVERY_POINT_CHECKPOINT_NAME
+from mqstore.segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented.files import CLEAN_SHUTDOWN_NAME, RECOVERY_POINT_CHECKPOINT_NAME
 
 from .conftest import SMALL, record, segment_files, tree
 
@@ -282,7 +282,7 @@ def test_concurrent_appenders_to_one_partition_share_syncs(open_store, synced):
 CHILD = """
 import sys
 from mqstore.engine import ProducerRecord
-from segmented import SegmentedConfig, SegmentedStore
+from mqstore.segmented import SegmentedConfig, SegmentedStore
 store = SegmentedStore.open(sys.argv[1], SegmentedConfig(
     flush_mode="sync", segment_bytes=8192, index_interval_bytes=512, index_max_bytes=4096))
 if "t" not in store.list_topics():
@@ -472,7 +472,7 @@ def test_a_read_spanning_several_chunks_of_single_record_batches(tmp_path):
     """Regression: a read crossing the first pread chunk kept asking the next chunk
     for the first wanted offset and reported a sound log as corrupt."""
     from mqstore.engine import ProducerRecord
-    from segmented import SegmentedConfig, SegmentedStore
+    from mqstore.segmented import SegmentedConfig, SegmentedStore
 
     with SegmentedStore.open(tmp_path / "s", SegmentedConfig(segment_bytes=64 << 20)) as store:
         store.create_topic("t", 1)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segmented.index_file import IndexSanityError
-from segmented.time_index import NO_TIMESTAMP, TimeIndex
+from mqstore.segmented.index_file import IndexSanityError
+from mqstore.segmented.time_index import NO_TIMESTAMP, TimeIndex
 
 BASE = 500
 
