@@ -59,11 +59,8 @@ def spawn(store: Path, *args: str) -> subprocess.Popen[bytes]:
 
 
 def _env() -> dict[str, str]:
-    # The segmented package is not installed yet: make it importable from the checkout.
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return {
         **os.environ,
-        "PYTHONPATH": path,
         "MQSTORE_STORE": "/nonexistent-mqstore-store",  # every run names its store
         "MQSTORE_CONFIG": SMALL,
     }
