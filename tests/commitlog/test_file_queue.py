@@ -81,4 +81,6 @@ def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
     assert reopened.write_position == SMALL_FILE_BYTES
     removed = [path for kind, path in syscalls.events if kind == "unlink"]
     assert os.path.join(directory, f"{2 * SMALL_FILE_BYTES:020d}") in removed
-    assert syscalls.undurable_names() == []
+    # Only the removals: the allocation thread may be making the next file meanwhile
+    # (create, rename, then its directory's fsync), which its own test covers.
+    assert [name for name in syscalls.undurable_names() if name[0] == "unlink"] == []
