@@ -229,6 +229,7 @@ class Harness:
         self.received: list[tuple[int, float]] = []  # (buffer length, monotonic time)
         self.kill_time = 0.0
         self.child_module = "bench.crash_harness"  # its main() takes --child
+        self.key_samples = QUERY_SAMPLES  # keys looked up per check; 0: every live key
 
     def _problem(self, text: str) -> None:
         if len(self.figures.problems) < 1_000:
@@ -415,7 +416,9 @@ class Harness:
             if where[2] in self.acked.get(where[:2], {})
         ]
         self.keys = dict(live)
-        for key, (topic, queue, offset) in self.rng.sample(live, min(QUERY_SAMPLES, len(live))):
+        if self.key_samples:
+            live = self.rng.sample(live, min(self.key_samples, len(live)))
+        for key, (topic, queue, offset) in live:
             self.figures.key_queries += 1
             hits = store.query_by_key(topic, key, 0, 2**62, 4)
             if [(m.queue_id, m.queue_offset) for m in hits] != [(queue, offset)]:

@@ -122,6 +122,9 @@ class PowerHarness(Harness):
         self.verbose = False
         self.lose = "all"  # "nothing": the control run, any violation is the harness's own
         self.keep_refused: str | None = None  # copy refused crash states under here
+        # copy the crash state of every failing cut here, as the cut left it (before
+        # the check's open recovered it): <keep_failed>/<cut seed>
+        self.keep_failed: str | None = None
 
     # ---------------------------------------------------------- one cut
 
@@ -157,6 +160,7 @@ class PowerHarness(Harness):
         else:
             power.async_cuts += 1
         self.cut_lost = []
+        crash_state = self._save_crash_state()
         try:
             self.verify()
         except StoreError as error:
@@ -174,6 +178,11 @@ class PowerHarness(Harness):
                 self.committed.clear()
         if self._violations() != problems_before:
             power.failing_seeds.append(cut_seed)
+            if crash_state is not None:
+                os.replace(crash_state, os.path.join(self.keep_failed or "", str(cut_seed)))
+                crash_state = None
+        if crash_state is not None:
+            shutil.rmtree(crash_state)
         if self.verbose:
             print(
                 f"cut {index} {self.flush_mode:>5} seed {cut_seed}: {len(self.child_acks)} acked, "
@@ -183,6 +192,17 @@ class PowerHarness(Harness):
                 f"{time.monotonic() - started:.1f} s",
                 flush=True,
             )
+
+    def _save_crash_state(self) -> str | None:
+        """With ``keep_failed``: copy the store as the cut left it (the check's open
+        recovers it in place); run_cut keeps the copy if the cut fails."""
+        if not self.keep_failed:
+            return None
+        os.makedirs(self.keep_failed, exist_ok=True)
+        copy = os.path.join(self.keep_failed, "pending")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(self.path, copy)
+        return copy
 
     def _config(self) -> StoreConfig:
         return config_for("sync", self.config_overrides)
@@ -312,6 +332,8 @@ def run(
     progress: bool = False,
     verbose: bool = False,
     lose: str = "all",
+    keep_failed: str | None = None,
+    key_samples: int | None = None,
 ) -> PowerHarness:
     """Run ``cuts`` power cuts; returns the harness (figures in ``figures``, ``power``).
 
@@ -326,6 +348,9 @@ def run(
     harness = PowerHarness(root, seed)
     harness.verbose = verbose
     harness.lose = lose
+    harness.keep_failed = keep_failed
+    if key_samples is not None:
+        harness.key_samples = key_samples
     with contextlib.ExitStack() as stack:
         stack.enter_context(per_path_syncs())
         if owned:  # callbacks run last first: unmount, then remove
@@ -366,10 +391,28 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help="what cuts lose: all; only data or names (to find a cause); nothing (control)",
     )
+    parser.add_argument(
+        "--keep-failed",
+        metavar="DIR",
+        help="copy the crash state of each failing cut (before recovery) to DIR/<cut seed>",
+    )
+    parser.add_argument(
+        "--key-samples",
+        type=int,
+        default=None,
+        help=f"keys looked up per check (default {crash_harness.QUERY_SAMPLES}; 0: every live key)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     harness = run(
-        args.cuts, args.seed, args.path, progress=True, verbose=args.verbose, lose=args.lose
+        args.cuts,
+        args.seed,
+        args.path,
+        progress=True,
+        verbose=args.verbose,
+        lose=args.lose,
+        keep_failed=args.keep_failed,
+        key_samples=args.key_samples,
     )
     summary = harness.summary()
     summary["seconds"] = round(time.monotonic() - started, 1)

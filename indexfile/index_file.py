@@ -75,6 +75,7 @@ __all__ = ["IndexFile", "TEMP_SUFFIX"]
 log = logging.getLogger(__name__)
 
 TEMP_SUFFIX: Final = ".creating"  # a file being created; renamed into place when ready
+CLEAR_CHUNK_ENTRIES: Final = 1 << 16  # entries scanned at a time by clear_past_count
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -487,6 +488,31 @@ class IndexFile:
                     return number
             number -= 1
         return 0
+
+    def clear_past_count(self) -> int:
+        """Zero every entry past the index count that holds data; return how many
+        (power-cut recovery, writer).
+
+        A cut that reverts the header's page but keeps an entry page leaves entries
+        past the count. Appends overwrite them only one by one, so some outlive the
+        next flush on disk; a later cut that keeps a newer header but reverts their
+        page counts them again, and recovery cannot tell them from real entries (an
+        entry of a record retention deleted cannot be verified), so their stale
+        ``prev`` links would cut chains and lose keys. Scanned in chunks; only entries
+        holding data are written, so an empty tail gains no dirty pages.
+        """
+        assert not self.read_only
+        rows = self._raw[self._entries_position :].reshape(self.entry_count, ENTRY_SIZE)
+        cleared = 0
+        for start in range(self._count + 1, self.entry_count, CLEAR_CHUNK_ENTRIES):
+            chunk = rows[start : start + CLEAR_CHUNK_ENTRIES]
+            stale = np.flatnonzero(chunk.any(axis=1))
+            if len(stale):
+                chunk[stale] = 0
+                cleared += len(stale)
+        if cleared:
+            self.dirty = True
+        return cleared
 
     def rebuild_slots(self) -> None:
         """Point every slot at the newest published entry of its chain, computed from

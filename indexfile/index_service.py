@@ -448,7 +448,10 @@ class IndexService:
         already counts them. From the newest file back, the newest intact entry is the
         first one ``verify(key_hash, physical_offset)`` confirms against the CommitLog
         (one read when the cut spared the index); a file with none is deleted, the file
-        holding it is truncated after it. Re-dispatch from the claim puts the rest back.
+        holding it is truncated after it (an empty file is deleted too, so it cannot
+        hide torn entries of the file before it), and whatever lies past its count is
+        zeroed (``IndexFile.clear_past_count``). Re-dispatch from the claim puts the
+        rest back.
 
         Returns:
             How many entries were dropped.
@@ -456,23 +459,30 @@ class IndexService:
         dropped = 0
         with self._lock:
             self._check_writable()
+            cleared = 0
             while self._files:
                 newest = self._files[-1]
                 count = newest.index_count
                 keep = newest.intact_end(physical_claim, physical_min, verify)
-                if keep == count:
-                    break
                 dropped += count - keep
-                if keep == 0:
+                if keep == 0:  # an empty file too: the one before may hold torn entries
                     self._files.pop()
                     newest.unlink()
                     continue
-                newest.truncate_from(keep + 1)
-                newest.rebuild_slots()  # slots may still name the torn entries
+                if keep < count:
+                    newest.truncate_from(keep + 1)
+                    newest.rebuild_slots()  # slots may still name the torn entries
+                else:
+                    newest.repair_slots()  # open repaired only the newest file
+                # Entries past the count are stale; zeroed now (and flushed before the
+                # checkpoint's next claim), no later cut can count them again.
+                cleared = newest.clear_past_count()
                 break
             self._load_last()
         if dropped:
             log.warning("index: dropped %d entries past the checkpoint's claim", dropped)
+        if cleared:
+            log.warning("index: cleared %d stale entries past the index count", cleared)
         return dropped
 
     def truncate_beyond(self, physical_end: int) -> None:

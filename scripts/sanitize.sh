@@ -89,8 +89,9 @@ export PYTHONPATH=$SCRATCH/src
 unset MQSTORE_PURE_PYTHON
 
 cd "$SCRATCH/src"
+# (mqstore/commitlog is a symlink to commitlog/: compare the files, not the paths)
 LOADED=$("$PY" -c 'import mqstore.commitlog._native as n; print(n.__file__)')
-if [ "$LOADED" != "$SO" ]; then
+if [ "$(readlink -f "$LOADED")" != "$(readlink -f "$SO")" ]; then
     echo "sanitize: imported $LOADED, not the instrumented $SO" >&2
     exit 1
 fi

@@ -669,3 +669,137 @@ def test_recover_tail_drops_torn_entries_and_relinks_every_chain(index_dir) -> N
             assert sorted(found) == [i * 100 for i, k in keys.items() if k == key], key
     finally:
         index.close()
+
+
+# Header and slots fill page 0 exactly, entries start on page 1: a cut can keep one
+# and revert the other, as PowerFS does page by page.
+PAGED = IndexConfig(slot_count=1012, entry_count=256)
+PAGE = 4096
+assert fmt.entries_position(PAGED.slot_count) == PAGE
+
+
+def _cut(path: str, durable: bytes, kept_pages: set[int]) -> None:
+    """Leave ``path`` as a power cut does: the pages in ``kept_pages`` as last
+    written, every other page as ``durable`` (its content at the last flush)."""
+    current = Path(path).read_bytes()
+    assert len(current) == len(durable)
+    pages = [
+        (current if start // PAGE in kept_pages else durable)[start : start + PAGE]
+        for start in range(0, len(current), PAGE)
+    ]
+    Path(path).write_bytes(b"".join(pages))
+
+
+class _Log:
+    """The CommitLog as recovery sees it: record offset -> key (topic "t")."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, str] = {}
+
+    def put(self, index: IndexService, offset: int, key: str) -> None:
+        self.keys[offset] = key
+        index.put("t", [key], offset, TS + offset)
+
+    def verify(self, entry_key_hash: int, physical_offset: int) -> bool:
+        key = self.keys.get(physical_offset)
+        return key is not None and fmt.key_hash("t", key) == entry_key_hash
+
+    def redispatch(self, index: IndexService, start: int) -> None:
+        """What the store re-dispatches after recovery: the records from the
+        checkpoint's claim on (put skips those at or below the last indexed one)."""
+        for offset in sorted(o for o in self.keys if o >= start):
+            index.put("t", [self.keys[offset]], offset, TS + offset)
+
+    def check_every_key(self, index: IndexService, physical_min: int) -> None:
+        for key in sorted(set(self.keys.values())):
+            found = index.query("t", key, 0, 2**62, 100, lambda offset: True)
+            expected = [o for o, k in self.keys.items() if k == key and o >= physical_min]
+            assert sorted(o for o in found if o >= physical_min) == sorted(expected), key
+
+
+def test_stale_entries_past_the_count_are_never_counted_again(index_dir) -> None:
+    """Regression (power-loss harness, issue 13: "key k3895-3000022: expected
+    raw/1@4469, got []" in CI; reproduced with every key looked up as "key
+    k2730-3000050: expected raw/1@12823, got []", crash state kept by --keep-failed).
+
+    Cut 1 reverted the header's page (count 20) but kept the entry page (entries
+    21..30, written after the claim): stale entries past the count. Recovery kept the
+    20 (keep == count), retention had deleted the log below 10000, so re-dispatch
+    wrote entries 21..25 over five of them and the flush made 26..30 durable as
+    they were. Cut 2 kept a newer header (count 35, slots naming 26..35) and reverted
+    the entry page: 26..30 were counted again. Below the log start they cannot be
+    verified, were taken for intact, and their stale links cut the chains of 21..25.
+    Recovery now zeroes what lies past the count: cut 2 finds zeros there."""
+    log = _Log()
+    index = IndexService.open(index_dir, PAGED)
+    for i in range(1, 21):
+        log.put(index, i * 100, f"k{i % 5}")
+    index.flush()  # the checkpoint's claim: 2100
+    path = os.path.join(index_dir, index.file_names[-1])
+    durable = Path(path).read_bytes()
+    for i in range(21, 31):
+        log.put(index, i * 100, f"k{i % 5}")
+    index.close()
+    _cut(path, durable, kept_pages={1})  # header reverted, entries kept
+
+    log.keys = {o: k for o, k in log.keys.items() if o >= 10_000}  # retention's doing
+    index = IndexService.open(index_dir, PAGED, drop_damaged=True)
+    assert index.recover_tail(2100, 10_000, log.verify) == 0  # the 20 are intact
+    index.flush()
+    tail = Path(path).read_bytes()[PAGE + 21 * fmt.ENTRY_SIZE :]
+    assert tail == bytes(len(tail)), "stale entries left past the count"
+    index.truncate_beyond(2100)
+    for j in range(5):  # re-dispatch from the log start
+        log.put(index, 10_000 + j * 100, f"k{j % 5}")
+    index.flush()  # the checkpoint's claim: 10500
+    durable = Path(path).read_bytes()
+    for j in range(5, 15):
+        log.put(index, 10_000 + j * 100, f"k{j % 5}")
+    index.close()
+    _cut(path, durable, kept_pages={0})  # header (count 35) kept, entries reverted
+
+    index = IndexService.open(index_dir, PAGED, drop_damaged=True)
+    try:
+        index.recover_tail(10_500, 10_000, log.verify)
+        index.truncate_beyond(10_500)
+        assert index.last_physical_offset == 10_400
+        log.redispatch(index, 10_500)
+        log.check_every_key(index, 10_000)
+    finally:
+        index.close()
+
+
+def test_an_empty_newest_file_does_not_hide_torn_entries_before_it(index_dir) -> None:
+    """Regression: the index rolled after the claim; the cut reverted the new file
+    to its created state (count 0) and the older file's entry page, but kept its
+    header (count 63, slots naming the zeroed entries 41..63). recover_tail stopped
+    at the empty file (keep == count == 0); truncate_beyond's binary search, over
+    offsets that go back to 0, removed nothing; the kept slots cut every chain."""
+    config = IndexConfig(slot_count=PAGED.slot_count, entry_count=64)  # 63 entries a file
+    log = _Log()
+    index = IndexService.open(index_dir, config)
+    for i in range(1, 41):
+        log.put(index, i * 100, f"k{i % 5}")
+    index.flush()  # the checkpoint's claim: 4100
+    older = os.path.join(index_dir, index.file_names[-1])
+    durable = Path(older).read_bytes()
+    for i in range(41, 71):  # fills the file at 63, rolls, 7 entries in the new one
+        log.put(index, i * 100, f"k{i % 5}")
+    newer = os.path.join(index_dir, index.file_names[-1])
+    assert newer != older
+    index.close()
+    _cut(older, durable, kept_pages={0})
+    created = bytearray(os.path.getsize(newer))  # the new file as create() synced it
+    fmt.PREFIX.pack_into(created, 0, fmt.INDEX_MAGIC, fmt.FORMAT_VERSION)
+    fmt.HEADER.pack_into(created, fmt.HEADER_POSITION, 0, 0, -1, -1, config.slot_count, 0)
+    Path(newer).write_bytes(created)
+
+    index = IndexService.open(index_dir, config, drop_damaged=True)
+    try:
+        index.recover_tail(4100, 0, log.verify)
+        index.truncate_beyond(4100)
+        assert index.last_physical_offset == 4000
+        log.redispatch(index, 4100)
+        log.check_every_key(index, 0)
+    finally:
+        index.close()
