@@ -42,6 +42,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from typing import Any
@@ -129,16 +130,21 @@ def child_main(
         enable_auto_commit=False,
     )
     report("R")
+    if flush_mode == "async":  # the durable mark the power-loss check holds losses to
+        threading.Thread(target=_report_flushes, args=(store, report), daemon=True).start()
     seq = 0
     while True:
         seq += 1
         action = rng.random()
         if action < 0.45:
             value = make_value(rng, seq)
+            report(f"B {store.commitlog.write_position}")
             meta = producer.send(KAFKA_TOPIC, value, partition=rng.randrange(3)).get()
             report(f"A {KAFKA_TOPIC} {meta.partition} {meta.offset} {zlib.crc32(value)}")
+            report(f"W {store.commitlog.write_position}")
         elif action < 0.60:
             values = [make_value(rng, seq) for _ in range(rng.randint(2, 20))]
+            report(f"B {store.commitlog.write_position}")
             metas = producer.send_batch(KAFKA_TOPIC, rng.randrange(3), values)
             report(
                 "\n".join(
@@ -146,13 +152,16 @@ def child_main(
                     for m, v in zip(metas, values, strict=True)
                 )
             )
+            report(f"W {store.commitlog.write_position}")
         elif action < 0.85:
             value = make_value(rng, seq)
             queue_id = rng.randrange(RAW_QUEUES)
+            report(f"B {store.commitlog.write_position}")
             result = store.put(RAW_TOPIC, queue_id, value, keys=[f"k{seq}-{seed}"])
             report(
                 f"A {RAW_TOPIC} {queue_id} {result.queue_offset} {zlib.crc32(value)} k{seq}-{seed}"
             )
+            report(f"W {store.commitlog.write_position}")
         elif action < 0.97:
             batch = consumer.poll(timeout_ms=0, max_records=200)
             for records in batch.values():
@@ -166,6 +175,21 @@ def child_main(
                     report(f"C {tp.topic} {tp.partition} {offset}")
         else:
             store.run_retention()
+
+
+def _report_flushes(store: MessageStore, report: Any) -> None:
+    """ "F <position>" each time the CommitLog's durable prefix grows (async flush).
+
+    With "B <write position>" before each append and "W <write position>" after its
+    ack (bounds of where the acked records lie), the power-loss check knows which acks
+    a completed flush covered."""
+    last = -1
+    while True:
+        flushed = store.commitlog.flushed_position
+        if flushed > last:
+            report(f"F {flushed}")
+            last = flushed
+        time.sleep(0.002)
 
 
 # ---------------------------------------------------------------------- parent

@@ -17,10 +17,14 @@ checked with the crash harness's verifier, plus:
   as the unflushed tail: in every queue the missing ones must be the child's *last*
   acks of that queue (the CommitLog is durable as a prefix; a queue's records are in
   log order; ack order across queues is not, since two writer threads report acks
-  independently). The age of the oldest lost ack is measured against
-  ``LOSS_WINDOW_MS`` (the async flusher runs every ``flush_interval_ms`` with
-  ``flush_least_pages=0``; the slack covers the flush itself through FUSE) and counted
-  apart (``async_old_losses``): it depends on how loaded the machine is. Any message
+  independently). And no lost ack may lie below the last completed flush: the child
+  reports "F <position>" whenever the CommitLog's flushed position grows, and the
+  write position before ("B") and after ("W") each append, so an ack with W <= the
+  last F before the kill was durable, and its loss is a bug
+  (``async_losses_below_flush``) unless B lies below the recovered log's start
+  (retention deleted its file). The age of the oldest lost ack is a figure, counted
+  against ``LOSS_WINDOW_MS`` (``async_old_losses``), not a bound: it includes the
+  duration of the flush in progress, which grows with the machine's load. Any message
   from an earlier child, which survived an earlier check, is durable and may never go
   missing;
 - no corrupt read, dense queues, valid committed offsets, key look-ups: as the crash
@@ -89,6 +93,8 @@ class PowerFigures:
     loss_window_ms: int = LOSS_WINDOW_MS  # the bound on that age
     async_bound_violations: int = 0  # a loss that is not the tail of its queue
     async_old_losses: int = 0  # cuts whose oldest lost ack is older than the window
+    async_lost_checked: int = 0  # lost acks whose place in the log was known (B, W)
+    async_losses_below_flush: int = 0  # lost acks a completed flush had covered: a bug
     async_commits_past_end: int = 0
     dirty_pages: int = 0
     pages_reverted: int = 0
@@ -116,6 +122,9 @@ class PowerHarness(Harness):
         self.flush_mode = "sync"
         # this child's acks: (topic, queue, offset) -> (ack order, monotonic receive time)
         self.child_acks: dict[tuple[str, int, int], tuple[int, float]] = {}
+        # ack -> ("B", "W"): the log's write positions around its append
+        self.ack_spans: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.flushed_mark = 0  # the last "F" the child reported: durable up to here
         self.cut_lost: list[tuple[str, int, int]] = []
         # partition -> a commit left past the end by an async loss (see _on_commit_past_end)
         self.commits_past_lost_end: dict[tuple[str, int], int] = {}
@@ -212,7 +221,7 @@ class PowerHarness(Harness):
         return (
             f.losses, f.corrupt_reads, f.wrong_content, f.gaps, f.duplicates,
             f.commit_violations, f.key_misses, f.child_failures,
-            p.refusals, p.async_bound_violations,
+            p.refusals, p.async_bound_violations, p.async_losses_below_flush,
         )  # fmt: skip
 
     def _add_cut(self, cut: CutFigures) -> None:
@@ -227,6 +236,10 @@ class PowerHarness(Harness):
     def _absorb(self, data: bytes) -> None:
         """Note the order and receive time of this child's acks, then absorb them."""
         self.child_acks = {}
+        self.ack_spans = {}
+        self.flushed_mark = 0
+        pending: list[tuple[str, int, int]] = []  # acks before the next "W" line
+        before = -1  # the last "B": the write position before those acks' append
         position = 0
         chunk = 0
         for line in data.split(b"\n"):
@@ -235,9 +248,23 @@ class PowerHarness(Harness):
                 chunk += 1
             at = self.received[chunk][1] if chunk < len(self.received) else self.kill_time
             parts = line.split()
-            if parts and parts[0] == b"A":
+            if not parts:
+                continue
+            if parts[0] == b"A":
                 where = (parts[1].decode(), int(parts[2]), int(parts[3]))
                 self.child_acks[where] = (len(self.child_acks), at)
+                pending.append(where)
+            elif parts[0] == b"B":  # the log's write position before an append
+                before = int(parts[1])
+                pending.clear()
+            elif parts[0] == b"W":  # ... and after its acks: the records lie in between
+                if before >= 0:
+                    for where in pending:
+                        self.ack_spans[where] = (before, int(parts[1]))
+                pending.clear()
+                before = -1
+            elif parts[0] == b"F":  # a flush completed: the log is durable up to here
+                self.flushed_mark = max(self.flushed_mark, int(parts[1]))
         super()._absorb(data)
 
     def _on_missing(self, topic: str, queue: int, offset: int) -> None:
@@ -289,16 +316,49 @@ class PowerHarness(Harness):
                     f"async loss in {topic}/{queue} is not its tail: "
                     f"{len(acked_after) - len(lost)} later acks kept"
                 )
+        # A completed flush made the log durable up to its mark: an ack whose record
+        # lay below the mark (its "W" bound) and at or past the recovered log's start
+        # (its "B" bound; below it, retention deleted the file) must have survived.
+        log_start = self._log_start()
+        covered = [
+            where
+            for where in self.cut_lost
+            if where in self.ack_spans
+            and self.ack_spans[where][1] <= self.flushed_mark
+            and self.ack_spans[where][0] >= log_start
+        ]
+        power.async_lost_checked += sum(1 for where in self.cut_lost if where in self.ack_spans)
+        if covered:
+            power.async_losses_below_flush += len(covered)
+            self._problem(
+                f"async loss of {len(covered)} ack(s) a completed flush covered "
+                f"(mark {self.flushed_mark}): {covered[:3]}"
+            )
+        # The age of the oldest loss: a figure (it grows with the flush's own duration,
+        # which depends on the machine's load), not a bound.
         oldest = min(self.child_acks[where][1] for where in self.cut_lost)
         age_ms = (self.kill_time - oldest) * 1000
         power.async_loss_age_ms_max = max(power.async_loss_age_ms_max, round(age_ms, 1))
         if age_ms > LOSS_WINDOW_MS:
             power.async_old_losses += 1
-            self._problem(f"async loss of an ack {age_ms:.0f} ms old (window {LOSS_WINDOW_MS})")
+
+    def _log_start(self) -> int:
+        """The recovered CommitLog's first position (its oldest file's name)."""
+        directory = os.path.join(self.path, "commitlog")
+        names = (
+            [n for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+        )
+        return min((int(name) for name in names), default=0)
 
     @property
     def failed(self) -> bool:
-        return bool(self.figures.failed or self.power.refusals or self.power.async_bound_violations)
+        power = self.power
+        return bool(
+            self.figures.failed
+            or power.refusals
+            or power.async_bound_violations
+            or power.async_losses_below_flush
+        )
 
     def summary(self) -> dict[str, Any]:
         data = {**attrs.asdict(self.power), **self.figures.summary()}

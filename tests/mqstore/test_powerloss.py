@@ -8,6 +8,7 @@ mfusepy, unless MQSTORE_REQUIRE_FUSE=1 (``make test``).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -66,16 +67,13 @@ def test_key_look_ups_find_every_record_after_power_cuts(short_run):
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    reason="open (issue 13), not yet explained: the oldest lost async ack is up to 2.5 s "
-    "old against a 1.5 s window (200 ms flush interval + slack); PowerFS serves every "
-    "page through one Python FUSE process and the lag grows with the machine's load",
-    strict=False,
-)
-def test_async_losses_are_younger_than_the_window(short_run):
+def test_async_losses_lie_above_the_last_completed_flush(short_run):
+    """An ack whose record a completed flush covered is never lost (issue 13: the old
+    check held losses to an age window, which the flush's own duration exceeds under
+    load; the oldest loss's age is now a figure)."""
     power = short_run.power
-    assert power.async_old_losses == 0, short_run.figures.problems
-    assert power.async_loss_age_ms_max <= LOSS_WINDOW_MS
+    assert power.async_lost_checked > 0  # the losses had known ends: the check ran
+    assert power.async_losses_below_flush == 0, short_run.figures.problems
 
 
 @needs_fuse
@@ -103,7 +101,35 @@ def test_the_tail_check_can_fail(tmp_path):
     assert harness.power.async_bound_violations == 1
     assert harness.failed
     harness.child_acks[acks[3]] = (3, 100.0 - (LOSS_WINDOW_MS + 1) / 1000)
-    harness.cut_lost = acks[3:4]  # the tail, but older than the window
+    harness.cut_lost = acks[3:4]  # the tail, older than the window: a figure only
     harness._check_tail()
     assert harness.power.async_bound_violations == 1
     assert harness.power.async_old_losses == 1
+    assert harness.power.async_losses_below_flush == 0
+
+
+def test_the_flushed_mark_check_can_fail(tmp_path):
+    """A lost ack that a completed flush covered ("W" <= the last "F") is a violation;
+    one past the mark is the unflushed tail."""
+    harness = PowerHarness(str(tmp_path), seed=1)
+    harness.kill_time = 100.0
+    harness.received = [(10_000, 99.9)]
+    log = Path(harness.path) / "commitlog"
+    log.mkdir(parents=True)
+    (log / f"{300:020d}").write_bytes(b"")  # the recovered log starts at 300
+    lines = b"B 400\nA crash 0 0 1\nW 500\nF 800\nB 500\nA crash 0 1 2\nW 900\n"
+    harness._absorb(lines)
+    assert harness.ack_spans == {("crash", 0, 0): (400, 500), ("crash", 0, 1): (500, 900)}
+    assert harness.flushed_mark == 800
+    harness.cut_lost = [("crash", 0, 1)]  # ended past the mark: may be lost
+    harness._check_tail()
+    assert harness.power.async_losses_below_flush == 0
+    assert not harness.failed
+    (log / f"{300:020d}").rename(log / f"{600:020d}")
+    harness.cut_lost = [("crash", 0, 0), ("crash", 0, 1)]  # offset 0: retention took it
+    harness._check_tail()
+    assert harness.power.async_losses_below_flush == 0
+    (log / f"{600:020d}").rename(log / f"{300:020d}")
+    harness._check_tail()  # offset 0 was flushed and its file kept: a violation
+    assert harness.power.async_losses_below_flush == 1
+    assert harness.failed
