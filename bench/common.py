@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import resource
 import statistics
+import subprocess
+import tempfile
+import time
 from typing import Any
 
-__all__ = ["summarize"]
+__all__ = ["load_sample", "machine_info", "read_text", "summarize"]
 
 
 def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -16,3 +22,58 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
         out[key] = statistics.median(values)
         out[key + "_range"] = [min(values), max(values)]
     return out
+
+
+def read_text(path: str) -> str:
+    """The text of a (/proc) file, or "" when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in read_text("/proc/cpuinfo").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "mem_total": next(
+            (ln.split(":")[1].strip() for ln in read_text("/proc/meminfo").splitlines()
+             if ln.startswith("MemTotal")), "?"),
+        "open_files_limit": [soft, hard],
+        "max_map_count": read_text("/proc/sys/vm/max_map_count").strip(),
+        "tmp_fs": _fs_of(tempfile.gettempdir()),
+    }  # fmt: skip
+
+
+def _fs_of(path: str) -> str:
+    best = ("", "?", "?")
+    for line in read_text("/proc/mounts").splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and path.startswith(parts[1]) and len(parts[1]) >= len(best[0]):
+            best = (parts[1], parts[2], parts[3])
+    return f"{best[1]} on {best[0]} ({best[2]})"
+
+
+def load_sample() -> dict[str, Any]:
+    """Load average and the busiest other processes, to state the noise."""
+    load = read_text("/proc/loadavg").split()[:3]
+    try:
+        top = subprocess.run(
+            ["ps", "-eo", "pcpu,etimes,comm", "--sort=-pcpu"],
+            capture_output=True, text=True, timeout=5, check=False,
+        ).stdout.splitlines()[1:6]  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        top = []
+    return {"time": time.strftime("%H:%M:%S"), "loadavg": load, "top": [t.strip() for t in top]}

@@ -36,7 +36,6 @@ import json
 import logging
 import mmap
 import os
-import platform
 import pstats
 import random
 import shutil
@@ -50,6 +49,7 @@ import time
 from typing import Any
 
 from bench import peers
+from bench.common import load_sample, machine_info, read_text
 from mqstore import KafkaConsumer, KafkaProducer, MessageStore, StoreConfig
 from mqstore.kafka import TopicPartition
 from mqstore.segmented import SegmentedConfig, SegmentedStore
@@ -104,73 +104,17 @@ MODES: dict[str, dict[str, Any]] = {
 # ---------------------------------------------------------------------- machine
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
 def resources() -> dict[str, float]:
     """Open fds, mapping lines and RSS of this process right now."""
     rss_kib = 0
-    for line in _read("/proc/self/status").splitlines():
+    for line in read_text("/proc/self/status").splitlines():
         if line.startswith("VmRSS:"):
             rss_kib = int(line.split()[1])
     return {
         "open_fds": len(os.listdir("/proc/self/fd")),
-        "maps": len(_read("/proc/self/maps").splitlines()),
+        "maps": len(read_text("/proc/self/maps").splitlines()),
         "rss_mib": rss_kib / 1024,
     }
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in _read("/proc/cpuinfo").splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "mem_total": next(
-            (ln.split(":")[1].strip() for ln in _read("/proc/meminfo").splitlines()
-             if ln.startswith("MemTotal")), "?"),
-        "open_files_limit": [soft, hard],
-        "max_map_count": _read("/proc/sys/vm/max_map_count").strip(),
-        "tmp_fs": _fs_of(tempfile.gettempdir()),
-    }  # fmt: skip
-
-
-def _fs_of(path: str) -> str:
-    best = ("", "?", "?")
-    for line in _read("/proc/mounts").splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and path.startswith(parts[1]) and len(parts[1]) >= len(best[0]):
-            best = (parts[1], parts[2], parts[3])
-    return f"{best[1]} on {best[0]} ({best[2]})"
-
-
-def load_sample() -> dict[str, Any]:
-    """Load average and the busiest other processes, to state the noise."""
-    load = _read("/proc/loadavg").split()[:3]
-    try:
-        top = subprocess.run(
-            ["ps", "-eo", "pcpu,etimes,comm", "--sort=-pcpu"],
-            capture_output=True, text=True, timeout=5, check=False,
-        ).stdout.splitlines()[1:6]  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        top = []
-    return {"time": time.strftime("%H:%M:%S"), "loadavg": load, "top": [t.strip() for t in top]}
 
 
 # ---------------------------------------------------------------------- stores

@@ -1,9 +1,13 @@
 """The allocation service: prepares the NEXT CommitLog file before it is needed.
 
-When the log starts writing file k, it asks for file k+1. A background thread
-creates it at full size, pre-warms it (MappedFile.create) and parks it. At the roll,
-``take`` hands the parked file over at once; it waits only if the writer outruns
-allocation, and creates the file itself if no request was made (the first file).
+When the log has written ``prepare_next_percent`` of file k (0: as soon as it starts
+file k, RocketMQ's way), it asks for file k+1. One background thread creates it at
+full size, pre-warms it (MappedFile.create) and parks it, one file at a time (the
+log requests file k+1 only once it writes file k, so two files are never pre-warmed
+at once). At the roll, ``take`` hands
+the parked file over at once; it waits for the build in progress if the writer
+outruns allocation, and creates the file itself if no request was made (the first
+file, or with ``preallocate_next`` off).
 
 Crash policy: a half-built file carries the suffix ``.allocating`` and is removed at
 the next load; a finished, parked file is an all-zero file that recovery keeps or

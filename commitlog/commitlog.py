@@ -6,7 +6,9 @@ Invariants:
   (dense from 0), and the record is written at the write position.
 - A record never spans two files. When it does not fit with room for a blank
   record, the rest of the file becomes an end-of-file blank record and writing rolls
-  to the next file, which the allocation service has already prepared.
+  to the next file, which the allocation service has already prepared: it is
+  requested once the write position passes ``prepare_next_percent`` of the current
+  file (0: as soon as the file is started), so an idle log holds one file, not two.
 - ``write_position`` is the end of the last appended record; ``flushed_position`` is a
   record boundary before which every byte is durable.
 
@@ -75,6 +77,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_ID_MAX = 2**31 - 1
 BATCH_MESSAGES_MAX = 1 << 20  # one batch holds the append lock; bound how long
+_NOT_ARMED = 1 << 62  # a prepare-next threshold no write position reaches
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
@@ -169,6 +172,8 @@ class CommitLog:
         self._feed_start = 0
         self._feed_overflow = False
         self._record_size_limit_bytes = config.record_size_limit_bytes
+        # Write position past which the next file is requested (_arm_prepare_next).
+        self._prepare_next_at = _NOT_ARMED
         self._closed = False
         self._sealed = False
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
@@ -233,8 +238,7 @@ class CommitLog:
         )
         if self._current is None or self._write_position == self._current_end():
             self._current = self._take_file(self._write_position)
-        if config.preallocate_next:
-            self._allocator.request(self._current.start_offset + config.file_size_bytes)
+        self._arm_prepare_next()
         if config.flush_mode == "sync":
             self._flusher = GroupCommitService(self, config.sync_flush_timeout_ms)
         else:
@@ -507,6 +511,8 @@ class CommitLog:
             self._queue_offsets[key] = queue_offset + 1
             self._write_position = position + size
             self._last_store_ts_ms = store_ts_ms
+            if position + size >= self._prepare_next_at:
+                self._prepare_next()
             feed = self._feed
             if feed is not None and not self._feed_overflow:
                 if len(feed) < FEED_ENTRIES_MAX:
@@ -720,6 +726,8 @@ class CommitLog:
                     position += written
                     in_file += written
                     done = stop
+                if position >= self._prepare_next_at:
+                    self._prepare_next()
                 if done == count:
                     break
                 if stop == done and in_file == 0:  # config keeps records below a file
@@ -830,10 +838,32 @@ class CommitLog:
         encode_blank_into(current.mapping, in_file, current.size_bytes - in_file)
         self._current = following
         self._write_position = next_start
-        assert self._allocator is not None
-        if self.config.preallocate_next:
-            self._allocator.request(next_start + current.size_bytes)
+        self._arm_prepare_next()
         return following
+
+    def _arm_prepare_next(self) -> None:
+        """Set the write position past which the file after the current one is
+        requested; request it now if the log is already past it (at open, or a
+        threshold of 0). Called under the append lock (or before appends start)."""
+        current = self._current
+        assert current is not None
+        if not self.config.preallocate_next:
+            self._prepare_next_at = _NOT_ARMED
+            return
+        threshold_in_file = current.size_bytes * self.config.prepare_next_percent // 100
+        assert 0 <= threshold_in_file < current.size_bytes
+        self._prepare_next_at = current.start_offset + threshold_in_file
+        if self._write_position >= self._prepare_next_at:
+            self._prepare_next()
+
+    def _prepare_next(self) -> None:
+        """Ask the allocation service for the file after the current one, once."""
+        current = self._current
+        allocator = self._allocator
+        assert current is not None
+        assert allocator is not None
+        self._prepare_next_at = _NOT_ARMED
+        allocator.request(current.start_offset + current.size_bytes)
 
     def _take_file(self, start_offset: int) -> MappedFile:
         last = self._files.last

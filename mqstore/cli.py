@@ -16,12 +16,13 @@ How it opens the store:
 
 Config: ``--config KEY=VALUE`` sets StoreConfig fields (SegmentedConfig fields with
 ``--engine segmented``) for this run, after those in ``$MQSTORE_CONFIG``; an unknown
-or malformed item is refused from either. A new store records its layout and
-defaults (``mqstore.layout``); an existing one is opened with them: its layout
-(CommitLog file size, ConsumeQueue units per file, index slots and entries) wins over
-``$MQSTORE_CONFIG`` (a shell-wide setting for the stores it creates), a ``--config``
-value that contradicts it is refused, and other settings given override the recorded
-defaults for this run only.
+or malformed item is refused from either; ``profile=broker`` sets the fields of
+StoreConfig's broker profile (RocketMQ's sizes) at its place in that order. A new
+store records its layout and defaults (``mqstore.layout``); an existing one is
+opened with them: its layout (CommitLog file size, ConsumeQueue units per file,
+index slots and entries) wins over ``$MQSTORE_CONFIG`` (a shell-wide setting for
+the stores it creates), a ``--config`` value that contradicts it is refused, and
+other settings given override the recorded defaults for this run only.
 
 Exit codes: 0 success, 1 a user error (bad arguments, unknown topic, a store error
 that is not corruption), 2 corrupt data (CorruptDataError, or verify/dump findings).
@@ -47,7 +48,7 @@ import attrs
 from mqstore import cli_consume, cli_dump, cli_verify
 from mqstore.commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
 from mqstore.commitlog_engine import KEY_PROPERTY
-from mqstore.config import StoreConfig
+from mqstore.config import PROFILES, StoreConfig
 from mqstore.kafka import KafkaProducer
 from mqstore.store import MessageStore
 
@@ -60,6 +61,7 @@ EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report it
 DEFAULT_STORE: Final = "./mqstore-data"
 STORE_ENV: Final = "MQSTORE_STORE"
 CONFIG_ENV: Final = "MQSTORE_CONFIG"  # KEY=VALUE pairs, space- or comma-separated
+PROFILE_KEY: Final = "profile"  # profile=NAME: the settings of mqstore.config.PROFILES[NAME]
 PRODUCE_LINGER_MS: Final = 50  # a line from a slow pipe is appended within this
 PRODUCE_BATCH_BYTES: Final = 1 << 20  # records per put_batch, in bytes of key and value
 PRODUCE_CHECK_RECORDS: Final = 10_000  # futures checked (and freed) this often
@@ -107,9 +109,9 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         action="append",
         default=default([]),
-        help="set a StoreConfig field for this run, e.g. commitlog_file_size_bytes=1048576 "
-        f"(repeatable; after those in ${CONFIG_ENV}; an existing store's layout and "
-        "defaults are read back from it)",
+        help="set a StoreConfig field for this run, e.g. commitlog_file_size_bytes=1048576, "
+        "or profile=broker for RocketMQ's sizes (repeatable; after those in "
+        f"${CONFIG_ENV}; an existing store's layout and defaults are read back from it)",
     )
     group.add_argument(
         "--json", action="store_true", default=default(False), help="print JSON Lines"
@@ -251,8 +253,9 @@ examples:
   mqstore verify
 
 exit codes: 0 success, 1 user error, 2 corrupt data found.
-A new store takes the default StoreConfig (1 GiB pre-warmed CommitLog files). For a
-small one, export MQSTORE_CONFIG="commitlog_file_size_bytes=1048576 prewarm=false"
+A new store takes the default StoreConfig (128 MiB pre-warmed CommitLog files, 21 MiB
+index files); --config profile=broker takes RocketMQ's (1 GiB and 420 MB). For a
+smaller one, export MQSTORE_CONFIG="commitlog_file_size_bytes=1048576 prewarm=false"
 (or pass --config): the store records its layout, and later runs adopt it."""
 
 
@@ -342,8 +345,9 @@ def _config_values(
     args: argparse.Namespace, config_class: type, sources: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """$MQSTORE_CONFIG, then --config: typed keyword arguments of an attrs config class,
-    and in ``sources`` where each came from. Keys of the other engine's config are
-    skipped in $MQSTORE_CONFIG (one variable serves both engines); any other unknown or
+    and in ``sources`` where each came from. ``profile=NAME`` (StoreConfig only) sets
+    the profile's fields there. Keys of the other engine's config are skipped in
+    $MQSTORE_CONFIG (one variable serves both engines); any other unknown or
     malformed item is refused, from either source."""
     fields = {field.name: field for field in attrs.fields(config_class) if field.init}
     from_env = os.environ.get(CONFIG_ENV, "").replace(",", " ").split()
@@ -354,6 +358,15 @@ def _config_values(
         key, separator, raw = pair.partition("=")
         field = fields.get(key.strip())
         if source != "--config" and separator and key.strip() in other_engine:
+            continue
+        if separator and key.strip() == PROFILE_KEY and config_class is StoreConfig:
+            profile = PROFILES.get(raw.strip())
+            if profile is None:
+                names = ", ".join(sorted(PROFILES))
+                raise CliError(f"bad {source} {pair!r}: the profiles are {names}")
+            values.update(profile)
+            if sources is not None:
+                sources.update(dict.fromkeys(profile, f"{source} {PROFILE_KEY}={raw.strip()}"))
             continue
         if not separator or field is None:
             keys = ", ".join(sorted(fields))
@@ -381,6 +394,8 @@ def _other_engine_settings(config_class: type) -> frozenset[str]:
 
     other = SegmentedConfig if config_class is StoreConfig else StoreConfig
     names = {field.name for field in attrs.fields(other) if field.init}
+    if other is StoreConfig:
+        names.add(PROFILE_KEY)
     return frozenset(names - {field.name for field in attrs.fields(config_class)})
 
 
@@ -397,9 +412,12 @@ def _store_config(args: argparse.Namespace) -> StoreConfig:
     values = _config_values(args, StoreConfig, sources)
     for name, found in cli_verify.disk_layout(args.store).items():
         given = values.get(name, found)
-        if given != found and sources[name] == "--config":
+        if given != found and sources[name].startswith("--config"):
+            setting = f"{name}={given}"
+            if sources[name] != "--config":  # from a profile: name both
+                setting = f"{sources[name].removeprefix('--config ')} ({setting})"
             raise CliError(
-                f"--config {name}={given} does not match the store at {args.store}, created "
+                f"--config {setting} does not match the store at {args.store}, created "
                 f"with {name}={found}: the layout is fixed when a store is created (leave "
                 "it out to adopt it)"
             )

@@ -2,20 +2,46 @@
 
 Field names are part of the public contract (tests and tools set them). Each
 component gets only its own slice of it (``commitlog_config()``...).
+
+Defaults are an embedded library's: 128 MiB CommitLog files, the next one prepared
+once the current one is half written, and 21 MiB index files (262,144 slots,
+1,048,576 entries: as many messages as a CommitLog file holds at about 128 bytes
+each; the arithmetic is in mqstore.indexfile.config). A new store takes 128 MiB of
+disk and of memory for its pre-warmed first file, plus 21 MiB of disk once a keyed
+message arrives. ``StoreConfig.broker()`` is RocketMQ's broker profile
+(``BROKER_PROFILE``): 1 GiB files, the next one prepared at once, index files of 5M
+slots and 20M entries (420 MB): 2.4 GB of disk and 2 GiB of memory after one keyed
+message (bench/defaults.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
 import attrs
 from attrs import validators as v
 
-from mqstore.commitlog.config import GIB, MIB, CommitLogConfig
+from mqstore.commitlog.config import (
+    FILE_SIZE_BROKER_BYTES,
+    FILE_SIZE_DEFAULT_BYTES,
+    GIB,
+    MIB,
+    PREPARE_NEXT_PERCENT_BROKER,
+    PREPARE_NEXT_PERCENT_DEFAULT,
+    PREPARE_NEXT_PERCENT_MAX,
+    CommitLogConfig,
+)
 from mqstore.commitlog.errors import ConfigError
+from mqstore.indexfile.config import (
+    ENTRY_COUNT_BROKER,
+    ENTRY_COUNT_DEFAULT,
+    SLOT_COUNT_BROKER,
+    SLOT_COUNT_DEFAULT,
+)
 
-__all__ = ["StoreConfig", "TimestampType"]
+__all__ = ["BROKER_PROFILE", "PROFILES", "StoreConfig", "TimestampType"]
 
 TimestampType = Literal["CreateTime", "LogAppendTime"]
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
@@ -47,7 +73,8 @@ _BOOL = _as_config_error(v.instance_of(bool))
 
 @attrs.frozen(kw_only=True, init=False)
 class StoreConfig:
-    """Every setting of a store, with RocketMQ's defaults; units are in the names.
+    """Every setting of a store; units are in the names. Defaults follow RocketMQ's
+    but for the sizes (the module docstring); ``broker()`` has RocketMQ's sizes too.
 
     Unknown settings raise ConfigError (attrs alone would raise a bare TypeError).
     The names the caller passed are kept (``explicit_settings``): opening a store
@@ -67,7 +94,14 @@ class StoreConfig:
     _explicit: frozenset[str] = attrs.field(init=False, eq=False, repr=False, factory=frozenset)
 
     # CommitLog
-    commitlog_file_size_bytes: int = attrs.field(default=GIB, validator=_int(64 * 1024, 2 * GIB))
+    commitlog_file_size_bytes: int = attrs.field(
+        default=FILE_SIZE_DEFAULT_BYTES, validator=_int(64 * 1024, 2 * GIB)
+    )
+    # The next CommitLog file is requested once this much of the current one is
+    # written (0: at once, RocketMQ's way); prepared in the background either way.
+    commitlog_prepare_next_percent: int = attrs.field(
+        default=PREPARE_NEXT_PERCENT_DEFAULT, validator=_int(0, PREPARE_NEXT_PERCENT_MAX)
+    )
     max_message_size_bytes: int = attrs.field(default=4 * MIB, validator=_int(128, 256 * MIB))
     flush_mode: Literal["async", "sync"] = attrs.field(
         default="async", validator=_as_config_error(v.in_(("async", "sync")))
@@ -83,8 +117,8 @@ class StoreConfig:
     # Two mapped files (units, times) per hot queue; this machine allows 20,000 open files.
     consumequeue_max_open_files: int = attrs.field(default=12_000, validator=_int(8, 16_384))
     # IndexFile
-    index_slot_count: int = attrs.field(default=5_000_000, validator=_int(1, 1 << 28))
-    index_entry_count: int = attrs.field(default=20_000_000, validator=_int(4, 1 << 28))
+    index_slot_count: int = attrs.field(default=SLOT_COUNT_DEFAULT, validator=_int(1, 1 << 28))
+    index_entry_count: int = attrs.field(default=ENTRY_COUNT_DEFAULT, validator=_int(4, 1 << 28))
     # Dispatch and checkpoint
     dispatch_interval_ms: int = attrs.field(default=1, validator=_int(1, 1_000))
     checkpoint_interval_ms: int = attrs.field(default=1_000, validator=_int(10, 600_000))
@@ -126,6 +160,19 @@ class StoreConfig:
         if self.commitlog_file_size_bytes % 4096:
             raise ConfigError("StoreConfig.commitlog_file_size_bytes must be a multiple of 4096")
 
+    @classmethod
+    def broker(cls, **overrides: Any) -> StoreConfig:
+        """RocketMQ's broker profile (``BROKER_PROFILE``), then ``overrides``.
+
+        Every profile setting counts as explicit: opening a store created with other
+        sizes raises ConfigError (its layout is fixed); reopen a broker-profile store
+        with ``MessageStore.open(path)`` and it adopts its recorded sizes.
+
+        Raises:
+            ConfigError: an unknown or invalid setting.
+        """
+        return cls(**{**BROKER_PROFILE, **overrides})
+
     @property
     def explicit_settings(self) -> frozenset[str]:
         """The settings the caller passed (the rest are defaults)."""
@@ -156,8 +203,23 @@ class StoreConfig:
             flush_thorough_interval_ms=self.flush_thorough_interval_ms,
             sync_flush_timeout_ms=self.sync_flush_timeout_ms,
             prewarm=self.prewarm,
+            prepare_next_percent=self.commitlog_prepare_next_percent,
             mlock=self.mlock,
         )
 
 
 _FIELD_NAMES = frozenset(field.name for field in attrs.fields(StoreConfig) if field.init)
+
+#: RocketMQ's broker sizes: 1 GiB CommitLog files with the next one prepared as soon
+#: as a file starts, and index files of 5M slots and 20M entries (420 MB each).
+BROKER_PROFILE: Final[Mapping[str, Any]] = MappingProxyType(
+    {
+        "commitlog_file_size_bytes": FILE_SIZE_BROKER_BYTES,
+        "commitlog_prepare_next_percent": PREPARE_NEXT_PERCENT_BROKER,
+        "index_slot_count": SLOT_COUNT_BROKER,
+        "index_entry_count": ENTRY_COUNT_BROKER,
+    }
+)
+#: Named profiles (the CLI's ``--config profile=NAME``): settings applied together.
+PROFILES: Final[Mapping[str, Mapping[str, Any]]] = MappingProxyType({"broker": BROKER_PROFILE})
+assert set(BROKER_PROFILE) <= _FIELD_NAMES

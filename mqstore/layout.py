@@ -22,6 +22,10 @@ process opens any store with ``MessageStore.open(path)``:
 - defaults: recorded by the first writer; adopted when the caller left them out. An
   explicit value overrides them for that open only and is not recorded (a service
   may run one process with ``flush_mode="sync"`` without changing the store's).
+
+A store older than the record shows its CommitLog file size in its files: it is
+adopted like a recorded one (such stores were made with 1 GiB files, the default
+then; the default is now 128 MiB), and the writer records it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, Final
 
 from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.commitlog.errors import ConfigError, CorruptDataError
+from mqstore.commitlog.mapped_file import file_name, parse_file_name
 from mqstore.config import StoreConfig
 
 __all__ = [
@@ -132,22 +137,49 @@ def resolve_config(root: str, config: StoreConfig, *, record: bool) -> StoreConf
     """
     loaded = _load(root)
     if loaded is None:
+        shown = _layout_from_files(root)  # {} for a new store
+        _refuse_conflicts(root, config, shown)
+        adopted = config.adopting(shown)
         if record:
-            _record(root, config)
-        return config
+            _record(root, adopted)
+        return adopted
     layout, defaults, version = loaded
-    explicit = config.explicit_settings
-    for name in LAYOUT_FIELDS:
-        given = getattr(config, name)
-        if name in explicit and given != layout[name]:
-            raise ConfigError(
-                f"StoreConfig({name}={given}) does not match the store at {root}, created "
-                f"with {name}={layout[name]}: the layout is fixed when a store is created "
-                "(leave the setting out to adopt it)"
-            )
+    _refuse_conflicts(root, config, layout)
     adopted = config.adopting({**layout, **defaults})
     assert all(getattr(adopted, name) == layout[name] for name in LAYOUT_FIELDS)
     if record and version != VERSION:
         # A version 1 store never recorded its defaults: this writer's become them.
         _record(root, adopted)
     return adopted
+
+
+def _refuse_conflicts(root: str, config: StoreConfig, layout: dict[str, int]) -> None:
+    """Raise ConfigError for an explicit setting that differs from ``layout``."""
+    for name, found in layout.items():
+        given = getattr(config, name)
+        if name in config.explicit_settings and given != found:
+            raise ConfigError(
+                f"StoreConfig({name}={given}) does not match the store at {root}, created "
+                f"with {name}={found}: the layout is fixed when a store is created "
+                "(leave the setting out to adopt it)"
+            )
+
+
+def _layout_from_files(root: str) -> dict[str, int]:
+    """What a store without a record shows of its layout: the size of its oldest
+    CommitLog file, when that is a valid setting ({} otherwise: the CommitLog's own
+    open then names the bad file)."""
+    directory = os.path.join(root, "commitlog")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return {}
+    starts = [start for start in map(parse_file_name, names) if start is not None]
+    if not starts:
+        return {}
+    try:
+        size_bytes = os.path.getsize(os.path.join(directory, file_name(min(starts))))
+        StoreConfig(commitlog_file_size_bytes=size_bytes)
+    except (FileNotFoundError, ConfigError):  # removed meanwhile, or not a valid size
+        return {}
+    return {"commitlog_file_size_bytes": size_bytes}

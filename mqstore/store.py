@@ -72,6 +72,7 @@ from mqstore.indexfile import IndexConfig, IndexService
 from mqstore.indexfile.format import key_hash
 from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
+from mqstore.room import check_room_for_first_files
 from mqstore.services import Scheduler
 from mqstore.topics import TopicRegistry
 
@@ -152,6 +153,8 @@ class MessageStore(CommitLogEngine):
             CorruptDataError: a file cannot be recovered (it names file and position).
             ConfigError: ``config`` sets a layout other than the store's.
             InvalidTypeError: ``config`` is not a StoreConfig.
+            DiskFullError: a new store's first files do not fit the filesystem (it
+                names the bytes needed and the settings to lower; mqstore.room).
         """
         if config is None:
             config = StoreConfig()
@@ -180,7 +183,13 @@ class MessageStore(CommitLogEngine):
         if not read_only:
             self._lock = StoreLock.acquire(root)
         # Before any file is touched: adopt what the store recorded (layout, defaults).
-        self.config = config = resolve_config(root, config, record=not read_only)
+        config = resolve_config(root, config, record=False)
+        if not read_only:
+            # A new store's first files must fit before its layout is recorded: a
+            # refused caller may then open it again with smaller files.
+            check_room_for_first_files(root, config)
+            config = resolve_config(root, config, record=True)
+        self.config = config
         if not read_only:
             self.power_loss_possible = power_loss_possible(read_abort(root))
             self.recovered_from_crash = mark_abort(root)

@@ -3,9 +3,11 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 
 import pytest
 
+from mqstore.commitlog.allocator import AllocationService
 from mqstore.commitlog.commitlog import BATCH_MESSAGES_MAX, CommitLog
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.errors import (
@@ -287,3 +289,132 @@ def test_reads_racing_retention_raise_offset_out_of_range(open_log, monkeypatch)
         log.record_at(result.physical_offset)
     with pytest.raises(OffsetOutOfRangeError, match="retention"):
         log.read(result.physical_offset, result.size)
+
+
+# ---------------------------------------------------------------- preparing the next file
+
+RECORD = 68 + 1 + 1000  # a record of topic "t" with a 1000-byte body
+BELOW_HALF = FILE // 2 // RECORD  # records that stay below 50 % of a file (30)
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+def requests(monkeypatch):
+    """Start offsets the log asks the allocation service for, in order."""
+    asked: list[int] = []
+    real_request = AllocationService.request
+
+    def request(self, start_offset):
+        asked.append(start_offset)
+        real_request(self, start_offset)
+
+    monkeypatch.setattr(AllocationService, "request", request)
+    return asked
+
+
+def _wait_for_file(tmp_path, start_offset):
+    deadline = time.monotonic() + DEADLINE_S
+    while f"{start_offset:020d}" not in _file_names(tmp_path):
+        assert time.monotonic() < deadline, f"file {start_offset} never appeared"
+        time.sleep(0.005)
+
+
+def test_next_file_is_requested_only_past_the_threshold(open_log, tmp_path, requests):
+    log = open_log(CommitLogConfig(file_size_bytes=FILE, prewarm=False, prepare_next_percent=50))
+    for _ in range(BELOW_HALF):
+        log.append("t", 0, b"b" * 1000)
+    assert log.write_position < FILE // 2
+    assert requests == []
+    assert _file_names(tmp_path) == ["0" * 20]  # an idle log holds one file
+    log.append("t", 0, b"b" * 1000)  # past half of the file
+    assert requests == [FILE]
+    _wait_for_file(tmp_path, FILE)  # built in the background, before the roll
+    while log.write_position < FILE:
+        log.append("t", 0, b"b" * 1000)
+    assert requests == [FILE]  # the new file is below its own threshold
+    assert log.roll_wait_ns
+    while log.write_position < FILE + FILE // 2:
+        log.append("t", 0, b"b" * 1000)
+    assert requests == [FILE, 2 * FILE]
+
+
+def test_a_threshold_of_zero_requests_the_next_file_at_once(open_log, requests):
+    log = open_log(CommitLogConfig(file_size_bytes=FILE, prewarm=False, prepare_next_percent=0))
+    assert requests == [FILE]  # at open, before any append: RocketMQ's way
+    while log.write_position < FILE:
+        log.append("t", 0, b"b" * 1000)
+    assert requests == [FILE, 2 * FILE]  # at the roll
+
+
+def test_reopen_past_the_threshold_requests_the_next_file(tmp_path, requests):
+    config = CommitLogConfig(file_size_bytes=FILE, prewarm=False, prepare_next_percent=50)
+    directory = str(tmp_path / "commitlog")
+    log = CommitLog.open(directory, config)
+    for _ in range(BELOW_HALF + 1):
+        log.append("t", 0, b"b" * 1000)
+    log.close()
+    requests.clear()
+    log = CommitLog.open(directory, config)
+    try:
+        assert requests == [FILE]
+    finally:
+        log.close()
+
+
+def test_without_preallocation_nothing_is_requested(open_log, requests):
+    config = CommitLogConfig(file_size_bytes=FILE, prewarm=False, preallocate_next=False)
+    log = open_log(config)
+    while log.write_position < 2 * FILE:
+        log.append("t", 0, b"b" * 1000)
+    assert requests == []
+    assert log.file_count == 3  # each roll built its own file
+
+
+@pytest.fixture
+def slow_allocation(monkeypatch):
+    """Background builds wait for ``release``; every build is recorded with its thread."""
+    release = threading.Event()
+    builds: list[tuple[str, int]] = []
+    real_build = AllocationService._build
+
+    def build(self, start_offset):
+        thread = threading.current_thread().name
+        builds.append((thread, start_offset))
+        if thread == "mqstore-allocate":
+            assert release.wait(DEADLINE_S)
+        return real_build(self, start_offset)
+
+    monkeypatch.setattr(AllocationService, "_build", build)
+    return release, builds
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_roll_waits_for_the_file_when_the_writer_outruns_allocation(
+    open_log, requests, slow_allocation, batch
+):
+    release, builds = slow_allocation
+    log = open_log(CommitLogConfig(file_size_bytes=FILE, prewarm=False, prepare_next_percent=50))
+    count = 2 * FILE // RECORD  # past the end of the first file, and past half the second
+    bodies = [bytes([i % 256]) * 1000 for i in range(count)]
+    wait_s = 0.2
+
+    def write() -> None:
+        if batch:  # one call crosses the threshold, the roll and the next threshold
+            log.append_batch("t", 0, bodies)
+        else:
+            for body in bodies:
+                log.append("t", 0, body)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(wait_s)
+    assert writer.is_alive()  # the roll waits for the background build
+    assert requests == [FILE]
+    release.set()
+    writer.join(DEADLINE_S)
+    assert not writer.is_alive()
+    assert log.roll_wait_ns[0] >= wait_s / 2 * 1e9
+    # Built once, in the background: the writer waited for it instead of building it.
+    assert [thread for thread, start in builds if start == FILE] == ["mqstore-allocate"]
+    assert requests == [FILE, 2 * FILE]
+    assert [bytes(r.body) for r in log.iter_records(0)] == bodies

@@ -5,12 +5,22 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from mqstore.commitlog.config import FILE_SIZE_DEFAULT_BYTES
 from mqstore.commitlog.errors import ConfigError
 from mqstore.indexfile import IndexConfig
+from mqstore.indexfile.config import ENTRY_COUNT_BROKER, SLOT_COUNT_BROKER
 
 
-def test_defaults_follow_rocketmq() -> None:
+def test_defaults_cover_a_default_commitlog_file_of_small_records() -> None:
     config = IndexConfig()
+    assert (config.slot_count, config.entry_count) == (262_144, 1_048_576)
+    assert config.entry_count == FILE_SIZE_DEFAULT_BYTES // 128  # one key per 128 B record
+    assert config.entry_count == 4 * config.slot_count  # RocketMQ's entries per slot
+    assert config.file_size_bytes == 22_020_144  # 21 MiB
+
+
+def test_broker_sizes_follow_rocketmq() -> None:
+    config = IndexConfig(slot_count=SLOT_COUNT_BROKER, entry_count=ENTRY_COUNT_BROKER)
     assert (config.slot_count, config.entry_count) == (5_000_000, 20_000_000)
     assert config.file_size_bytes == 420_000_048
 

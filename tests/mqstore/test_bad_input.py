@@ -157,6 +157,7 @@ def _assigned(store: MessageStore, group: str | None = None) -> KafkaConsumer:
 def _config_cases() -> list[tuple[str, object]]:
     bad = {
         "commitlog_file_size_bytes": [0, -1, 4097 * 16, 2**40, "1g", 1.5],
+        "commitlog_prepare_next_percent": [-1, 100, "50", 50.0],
         "max_message_size_bytes": [0, -5, 2**40, None],
         "flush_mode": ["fast", None, 1],
         "flush_interval_ms": [0, -1, 10**9, "1"],

@@ -187,6 +187,11 @@ def test_verify_checks_consumequeue_units_against_the_commitlog(tmp_path: Path) 
         (["topics", "create", "orders"], ["already exists"]),
         (["--config", "bogus=1", "stats"], ["bad --config 'bogus=1'"]),
         (["--config", "commitlog_file_size_bytes=2097152", "stats"], ["does not match"]),
+        (
+            ["--config", "profile=broker", "stats"],
+            ["--config profile=broker (commitlog_file_size_bytes=1073741824) does not match"],
+        ),
+        (["--config", "profile=huge", "stats"], ["bad --config 'profile=huge'", "are broker"]),
         (["dump", "no/such/file"], ["no such file"]),
     ],
 )
@@ -278,7 +283,41 @@ def test_a_service_store_opens_under_another_mqstore_config(tmp_path: Path) -> N
     )
 
 
-@pytest.mark.parametrize("setting", ["commitlog_file_size=67108864", "prewarm", "prewarm=maybe"])
+def test_config_profile_broker_creates_a_store_with_rocketmqs_sizes(tmp_path: Path) -> None:
+    """--config profile=broker after $MQSTORE_CONFIG's small sizes: RocketMQ's sizes
+    for a new store, recorded; later runs adopt them whatever $MQSTORE_CONFIG says."""
+    stats = os.statvfs(tmp_path)
+    if stats.f_bavail * stats.f_frsize < 3 << 30:
+        pytest.skip("needs 3 GiB free: two 1 GiB CommitLog files and a 420 MB index")
+    store = tmp_path / "store"
+    broker = ("--config", "profile=broker", "--config", "prewarm=false")
+    mqstore(store, *broker, "topics", "create", "orders")
+    assert (store / "commitlog" / f"{0:020d}").stat().st_size == 1 << 30
+    mqstore(store, *broker, "produce", "orders", "--key", "k", stdin=b"a\n")  # it agrees
+    [index_file] = os.listdir(store / "index")
+    assert (store / "index" / index_file).stat().st_size == 420_000_048
+    mqstore(store, "produce", "orders", stdin=b"b\n")  # $MQSTORE_CONFIG's 1 MiB yields
+    assert sorted(os.listdir(store / "commitlog"))[0] == f"{0:020d}"
+    assert (store / "commitlog" / f"{0:020d}").stat().st_size == 1 << 30
+    assert mqstore(store, "consume", "orders").stdout == b"a\nb\n"
+
+
+def test_a_profile_in_mqstore_config_yields_to_a_stores_layout(populated: Path) -> None:
+    env = {"MQSTORE_CONFIG": f"{SMALL} profile=broker"}
+    assert b"orders" in mqstore(populated, "topics", "list", env=env).stdout
+    stats = json_lines(mqstore(populated, "stats", "--json", env=env))
+    assert stats  # opened with the store's own (1 MiB) layout
+
+
+def test_a_profile_in_mqstore_config_is_skipped_by_the_segmented_engine(tmp_path: Path) -> None:
+    pytest.importorskip("segmented")
+    env = {"MQSTORE_CONFIG": "profile=broker"}
+    mqstore(tmp_path / "kafka", "--engine", "segmented", "topics", "create", "k", env=env)
+
+
+@pytest.mark.parametrize(
+    "setting", ["commitlog_file_size=67108864", "prewarm", "prewarm=maybe", "profile=tiny"]
+)
 def test_a_bad_mqstore_config_is_a_one_line_error(tmp_path: Path, setting: str) -> None:
     store = tmp_path / "s"
     env = {"MQSTORE_CONFIG": f"prewarm=false {setting}"}

@@ -3,7 +3,9 @@
 Two ways to fill the disk:
 - a real 4 MiB tmpfs (``mount -t tmpfs``, needs root; skipped otherwise). The
   scenario runs in a child process, so a SIGBUS (a write through a mapping into a
-  hole of a sparse file on a full filesystem) shows up as a signal, not a dead pytest;
+  hole of a sparse file on a full filesystem) shows up as a signal, not a dead pytest.
+  Small tmpfs mounts also show that a new store too big for its filesystem is refused
+  at open, naming what it needs (mqstore.room), and that the defaults fit 160 MiB;
 - injected ENOSPC from ``os.posix_fallocate``: CommitLog files (allocation service)
   and ConsumeQueue files (created by the dispatcher thread) fail to allocate until
   space "frees".
@@ -14,12 +16,14 @@ reject on purpose) stay out of the way: this tests ENOSPC itself (alibaba/rocket
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,18 +105,28 @@ def fill_scenario(fs: str) -> dict[str, object]:
     return {"acked": acked, "message": message, "second_refused": second_refused, "total": total}
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    mount_point = tmp_path / "fs"
+@contextlib.contextmanager
+def _tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted under ``tmp_path`` (the test is skipped without the
+    right to mount one)."""
+    mount_point = tmp_path / f"fs-{size}"
     mount_point.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
         capture_output=True,
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    with _tmpfs(tmp_path, FS_SIZE) as mount_point:
+        yield mount_point
 
 
 def test_full_tmpfs_refuses_puts_keeps_data_and_resumes(small_fs):
@@ -132,6 +146,44 @@ def test_full_tmpfs_refuses_puts_keeps_data_and_resumes(small_fs):
     assert figures["acked"] > 1_000
     assert "no room" in figures["message"] or "disk full" in figures["message"]
     assert figures["second_refused"]
+
+
+def _du_bytes(path: Path) -> int:
+    """Bytes the files under ``path`` take on disk (allocated blocks, as du counts)."""
+    return sum(
+        os.stat(os.path.join(directory, name)).st_blocks * 512
+        for directory, _, names in os.walk(path)
+        for name in names
+    )
+
+
+def test_the_broker_profile_is_refused_by_512_mib_and_the_defaults_open(tmp_path):
+    with _tmpfs(tmp_path, "512m") as fs:
+        path = fs / "store"
+        with pytest.raises(DiskFullError) as caught:
+            MessageStore.open(path, StoreConfig.broker(), disk_usage_percent=_no_disk_usage)
+        message = str(caught.value)
+        assert "need 1493741872 bytes" in message  # 1 GiB CommitLog file + 420 MB index
+        assert "StoreConfig.commitlog_file_size_bytes=1073741824" in message
+        assert "lower those settings" in message
+        assert not (path / "layout").exists()  # nothing recorded: open again, smaller
+        with MessageStore.open(path, disk_usage_percent=_no_disk_usage) as store:  # defaults
+            store.put("orders", 0, b"first", keys=["order-1"])
+            _wait(lambda: store.query_by_key("orders", "order-1", 0, 2**62, 1), "the index")
+        used_bytes = _du_bytes(path)
+        assert 128 << 20 <= used_bytes <= 152 << 20  # one CommitLog file, one index file
+        with MessageStore.open(path, read_only=True) as reader:
+            assert reader.config.commitlog_file_size_bytes == 128 << 20
+            assert [bytes(m.body) for m in reader.get("orders", 0, 0, 5)] == [b"first"]
+
+
+def test_the_defaults_open_on_160_mib(tmp_path):
+    with (
+        _tmpfs(tmp_path, "160m") as fs,
+        MessageStore.open(fs / "store", disk_usage_percent=_no_disk_usage) as store,
+    ):
+        assert store.put("orders", 0, b"first", keys=["order-1"]).queue_offset == 0
+        _wait(lambda: store.query_by_key("orders", "order-1", 0, 2**62, 1), "the index")
 
 
 class _Disk:

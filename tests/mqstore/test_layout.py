@@ -11,6 +11,7 @@ import pytest
 from mqstore import ConfigError, CorruptDataError, MessageStore, StoreConfig
 from mqstore.atomic import json_checksum
 from mqstore.cli_verify import disk_layout
+from mqstore.commitlog.config import GIB
 from mqstore.layout import LAYOUT_FILE, load_defaults, load_layout
 from mqstore.spark.store_access import layout_config
 
@@ -116,3 +117,63 @@ def test_a_version_1_layout_is_read_and_upgraded_by_a_writer(tmp_path):
     assert load_layout(path) == layout
     assert load_defaults(path) == {"flush_mode": "sync", "retention_hours": 72.0,
                                    "retention_bytes": -1}  # fmt: skip
+
+
+BROKER_DISK_BYTES = 3 * GIB  # two 1 GiB CommitLog files and a 420 MB index, allocated
+
+
+def _free_bytes(path) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
+def test_a_broker_profile_store_reopens_without_config(tmp_path):
+    """A store made with the old defaults (RocketMQ's sizes, now the broker profile)
+    opens with no config under the new defaults: its recorded sizes are adopted."""
+    if _free_bytes(tmp_path) < BROKER_DISK_BYTES:
+        pytest.skip(f"needs {BROKER_DISK_BYTES} bytes free in {tmp_path}")
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, StoreConfig.broker(prewarm=False)) as store:
+        store.put("t", 0, b"broker", keys=["k1"])
+    assert load_layout(path) == {"commitlog_file_size_bytes": GIB,
+                                 "consumequeue_units_per_file": 300_000}  # fmt: skip
+    for read_only in (True, False):
+        with MessageStore.open(path, read_only=read_only) as store:
+            assert store.config.commitlog_file_size_bytes == GIB
+            assert [bytes(m.body) for m in store.get("t", 0, 0, 5)] == [b"broker"]
+            hits = store.query_by_key("t", "k1", 0, 2**62, 5)
+            assert [bytes(m.body) for m in hits] == [b"broker"]
+    with MessageStore.open(path) as store:  # a writer with no config: writes go on
+        store.put("t", 0, b"lean defaults")
+    assert os.path.getsize(os.path.join(path, "commitlog", f"{0:020d}")) == GIB
+    with MessageStore.open(path, read_only=True) as reader:
+        assert [bytes(m.body) for m in reader.get("t", 0, 0, 5)] == [b"broker", b"lean defaults"]
+
+
+def test_a_store_older_than_the_record_adopts_its_file_size(tmp_path):
+    """Stores made before ``layout`` existed (1 GiB files, the default then) show
+    their file size in their files: it is adopted and recorded, never the default.
+    (Their units per file were the default, which has not changed.)"""
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=256 * 1024,
+                                             prewarm=False)) as store:  # fmt: skip
+        store.put("t", 0, b"old")
+    os.unlink(os.path.join(path, LAYOUT_FILE))  # as stores older than the record are
+    with MessageStore.open(path, read_only=True) as reader:
+        assert reader.config.commitlog_file_size_bytes == 256 * 1024
+        assert [bytes(m.body) for m in reader.get("t", 0, 0, 5)] == [b"old"]
+    assert not os.path.exists(os.path.join(path, LAYOUT_FILE))  # a reader records nothing
+    with pytest.raises(ConfigError, match="created with commitlog_file_size_bytes=262144"):
+        MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=512 * 1024))
+    with MessageStore.open(path, StoreConfig(prewarm=False)) as writer:
+        assert writer.config.commitlog_file_size_bytes == 256 * 1024
+    assert load_layout(path)["commitlog_file_size_bytes"] == 256 * 1024
+
+
+def test_the_broker_profile_is_refused_by_a_store_of_other_sizes(tmp_path):
+    path = str(tmp_path / "s")
+    MessageStore.open(path, StoreConfig(**SMALL)).close()
+    before = sorted(os.listdir(path))
+    with pytest.raises(ConfigError, match=r"StoreConfig\(commitlog_file_size_bytes=1073741824\)"):
+        MessageStore.open(path, StoreConfig.broker())
+    assert sorted(os.listdir(path)) == before
