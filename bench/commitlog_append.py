@@ -15,7 +15,6 @@ Prints one line per case (median of the repeats, with the range) and writes JSON
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import platform
@@ -29,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import summarize
+from bench.common import summarize, write_results
 from mqstore.commitlog.commitlog import CommitLog
 from mqstore.commitlog.config import CommitLogConfig
 
@@ -208,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         results["rolls"] = rolls
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
@@ -77,3 +78,11 @@ def load_sample() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         top = []
     return {"time": time.strftime("%H:%M:%S"), "loadavg": load, "top": [t.strip() for t in top]}
+
+
+def write_results(path: str, results: dict[str, Any]) -> None:
+    """Write a benchmark's results as indented JSON (making its directory) and say where."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+    print(f"wrote {path}")

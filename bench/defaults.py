@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from bench.common import load_sample, machine_info, read_text, summarize
+from bench.common import load_sample, machine_info, read_text, summarize, write_results
 from mqstore import KafkaProducer, MessageStore, StoreConfig
 from mqstore.commitlog.mapped_file import MappedFile
 
@@ -294,10 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         results["load"].append(load_sample())
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

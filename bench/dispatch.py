@@ -14,7 +14,6 @@ Prints p50/p99/max lag (ms) and the backlog series; writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import write_results
 from mqstore import MessageStore, StoreConfig
 
 TOPIC = "lag"
@@ -156,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{f['backlog_bytes_second_half_median']:,} B; "
         f"drained {f['drain_s_after_stop']:.3f} s after stop"
     )
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

@@ -14,7 +14,6 @@ per message), then closed and reopened, so look-ups run on a recovered store.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import write_results
 from mqstore import MessageStore, StoreConfig
 
 TOPIC = "lookup"
@@ -125,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"key look-up ({args.keys:,} keys): p50 {k['p50_us']:.1f} us, p99 {k['p99_us']:.1f} us")
     print(f"offset_for_time: p50 {t['p50_us']:.1f} us, p99 {t['p99_us']:.1f} us")
     print(f"consume get(500): {c['msg_per_s']:,.0f} msg/s ({c['mb_per_s']:.1f} MB/s of bodies)")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

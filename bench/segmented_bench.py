@@ -21,7 +21,6 @@ Prints one line per case and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -30,7 +29,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import summarize
+from bench.common import summarize, write_results
 from mqstore.engine import ProducerRecord
 from mqstore.segmented import SegmentedConfig, SegmentedStore
 
@@ -144,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             f"flush pass {result['flush_pass_ms']:.1f} ms",
             flush=True,
         )
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 
