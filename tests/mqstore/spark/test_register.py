@@ -5,6 +5,7 @@ The interpreter that cannot import mqstore is a real one: a fresh venv without i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,38 @@ def test_a_cluster_session_whose_workers_lack_mqstore_is_refused_at_once(
     with pytest.raises(ConfigError, match="set PYSPARK_PYTHON to a Python with mqstore"):
         mqstore.spark.register(session)  # type: ignore[arg-type]
     assert registered == []
+
+
+AUTO_REGISTERED = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+df = spark.read.format("mqstore").option("path", sys.argv[1]).option("subscribe", "t").load()
+print("rows", df.count())
+spark.stop()
+"""
+
+
+def test_the_format_is_found_without_register_in_the_editable_install(tmp_path: Path) -> None:
+    """PySpark's own look-up (pkgutil.iter_modules over the workers' sys.path) finds
+    pyspark_mqstore in the editable install (`make demo`, `make test`), with no
+    register call, when the workers run this venv's Python (PYSPARK_PYTHON)."""
+    with MessageStore.open(tmp_path / "s") as store:
+        store.put("t", 0, b"x")
+    script = tmp_path / "auto.py"
+    script.write_text(AUTO_REGISTERED)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")},
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s")],
+        cwd=tmp_path,  # not the checkout: found through the install, not the cwd
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rows 1" in result.stdout.splitlines()
