@@ -34,22 +34,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import logging
 import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-import attrs
-
-from mqstore import cli_consume, cli_dump, cli_verify
+from mqstore import cli_consume, cli_dump, cli_produce, cli_verify
+from mqstore.cli_store import (
+    CONFIG_ENV,
+    STORE_ENV,
+    CliError,
+    dumps,
+    emit,
+    note,
+    open_store,
+    progress,
+    table,
+)
 from mqstore.commitlog.errors import CorruptDataError, StoreError, UnknownTopicError
 from mqstore.commitlog_engine import KEY_PROPERTY
-from mqstore.config import PROFILES, StoreConfig
-from mqstore.kafka import KafkaProducer
 from mqstore.store import MessageStore
 
 __all__ = ["main"]
@@ -59,16 +65,6 @@ EXIT_USER_ERROR: Final = 1
 EXIT_CORRUPT: Final = 2
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report it
 DEFAULT_STORE: Final = "./mqstore-data"
-STORE_ENV: Final = "MQSTORE_STORE"
-CONFIG_ENV: Final = "MQSTORE_CONFIG"  # KEY=VALUE pairs, space- or comma-separated
-PROFILE_KEY: Final = "profile"  # profile=NAME: the settings of mqstore.config.PROFILES[NAME]
-PRODUCE_LINGER_MS: Final = 50  # a line from a slow pipe is appended within this
-PRODUCE_BATCH_BYTES: Final = 1 << 20  # records per put_batch, in bytes of key and value
-PRODUCE_CHECK_RECORDS: Final = 10_000  # futures checked (and freed) this often
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit code 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     _add_topics(commands, common)
-    produce = command("produce", "append lines of stdin or a file to a topic", _cmd_produce)
+    produce = command(
+        "produce", "append lines of stdin or a file to a topic", cli_produce.cmd_produce
+    )
     produce.add_argument("topic", help="the topic")
     produce.add_argument("--file", metavar="PATH", help="read this file instead of stdin")
     keys = produce.add_mutually_exclusive_group()
@@ -338,166 +336,11 @@ def _fail(error: BaseException | str, code: int, debug: bool) -> int:
     return code
 
 
-# ---------------------------------------------------------------- store and output
-
-
-def _config_values(
-    args: argparse.Namespace, config_class: type, sources: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """$MQSTORE_CONFIG, then --config: typed keyword arguments of an attrs config class,
-    and in ``sources`` where each came from. ``profile=NAME`` (StoreConfig only) sets
-    the profile's fields there. Keys of the other engine's config are skipped in
-    $MQSTORE_CONFIG (one variable serves both engines); any other unknown or
-    malformed item is refused, from either source."""
-    fields = {field.name: field for field in attrs.fields(config_class) if field.init}
-    from_env = os.environ.get(CONFIG_ENV, "").replace(",", " ").split()
-    other_engine = _other_engine_settings(config_class) if from_env else frozenset()
-    values: dict[str, Any] = {}
-    for number, pair in enumerate([*from_env, *args.config]):
-        source = f"${CONFIG_ENV} item" if number < len(from_env) else "--config"
-        key, separator, raw = pair.partition("=")
-        field = fields.get(key.strip())
-        if source != "--config" and separator and key.strip() in other_engine:
-            continue
-        if separator and key.strip() == PROFILE_KEY and config_class is StoreConfig:
-            profile = PROFILES.get(raw.strip())
-            if profile is None:
-                names = ", ".join(sorted(PROFILES))
-                raise CliError(f"bad {source} {pair!r}: the profiles are {names}")
-            values.update(profile)
-            if sources is not None:
-                sources.update(dict.fromkeys(profile, f"{source} {PROFILE_KEY}={raw.strip()}"))
-            continue
-        if not separator or field is None:
-            keys = ", ".join(sorted(fields))
-            raise CliError(f"bad {source} {pair!r}: use KEY=VALUE with KEY one of {keys}")
-        default = field.default
-        assert default is not attrs.NOTHING  # every config field has a plain default
-        try:
-            if isinstance(default, bool):
-                if raw.lower() not in _BOOLEANS:
-                    raise ValueError(raw)
-                values[field.name] = _BOOLEANS[raw.lower()]
-            else:
-                values[field.name] = type(default)(raw)  # int, float or str
-        except ValueError:
-            kind = type(default).__name__
-            raise CliError(f"bad {source} {pair!r}: {raw!r} is not a {kind}") from None
-        if sources is not None:
-            sources[field.name] = source
-    return values
-
-
-def _other_engine_settings(config_class: type) -> frozenset[str]:
-    """Settings only the other engine's config has."""
-    from mqstore.segmented.config import SegmentedConfig  # loaded only when needed
-
-    other = SegmentedConfig if config_class is StoreConfig else StoreConfig
-    names = {field.name for field in attrs.fields(other) if field.init}
-    if other is StoreConfig:
-        names.add(PROFILE_KEY)
-    return frozenset(names - {field.name for field in attrs.fields(config_class)})
-
-
-_BOOLEANS: Final = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
-def _store_config(args: argparse.Namespace) -> StoreConfig:
-    """StoreConfig from $MQSTORE_CONFIG and --config, with the layout the store
-    recorded (or its files show). $MQSTORE_CONFIG is a shell-wide setting for the
-    stores it creates, so an existing store's layout wins over it; a --config value
-    that contradicts the layout is refused. Settings left out take the store's
-    recorded defaults (``mqstore.layout``)."""
-    sources: dict[str, str] = {}
-    values = _config_values(args, StoreConfig, sources)
-    for name, found in cli_verify.disk_layout(args.store).items():
-        given = values.get(name, found)
-        if given != found and sources[name].startswith("--config"):
-            setting = f"{name}={given}"
-            if sources[name] != "--config":  # from a profile: name both
-                setting = f"{sources[name].removeprefix('--config ')} ({setting})"
-            raise CliError(
-                f"--config {setting} does not match the store at {args.store}, created "
-                f"with {name}={found}: the layout is fixed when a store is created (leave "
-                "it out to adopt it)"
-            )
-        values[name] = found
-    return StoreConfig(**values)
-
-
-@contextlib.contextmanager
-def _open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
-    """The store, opened as the writer or read-only (see the module docstring). A
-    command that only reads never creates a store."""
-    marker = "topics" if args.engine == "segmented" else "commitlog"
-    if not write and not os.path.exists(os.path.join(args.store, marker)):
-        raise CliError(
-            f"no store at {args.store} (create one with 'mqstore topics create', or "
-            f"pass --store or ${STORE_ENV})"
-        )
-    if args.engine == "segmented":  # the segmented engine has no read-only mode
-        from mqstore.segmented import SegmentedConfig, SegmentedStore  # loaded only when needed
-
-        config = SegmentedConfig(**_config_values(args, SegmentedConfig))
-        store: Any = SegmentedStore.open(args.store, config)
-    else:
-        store = MessageStore.open(args.store, _store_config(args), read_only=not write)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    """One result: a JSON line with --json, else ``text``."""
-    print(_dumps(cli_dump.to_json(data)) if args.json else text)
-
-
-def _table(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    if args.json:
-        for row in rows:
-            print(_dumps(cli_dump.to_json(row)))
-        return
-    cells = [[str(column).upper() for column in columns]]
-    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    for line in cells:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False)
-
-
-def _note(args: argparse.Namespace, text: str) -> None:
-    if not args.quiet:
-        print(text, file=sys.stderr)
-
-
-class _NoProgress:
-    def update(self, count: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(args: argparse.Namespace, label: str, total: int, unit: str) -> Any:
-    """A tqdm bar on stderr; nothing when stderr is not a terminal or with --quiet."""
-    if args.quiet or args.json or not sys.stderr.isatty():
-        return _NoProgress()
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-    except ImportError:  # progress is cosmetic
-        return _NoProgress()
-    return tqdm(total=total, desc=label, unit=unit, unit_scale=True, file=sys.stderr, leave=False)
-
-
 # ---------------------------------------------------------------- topics
 
 
 def _cmd_topics_create(args: argparse.Namespace) -> int:
-    with _open_store(args, write=True) as store:
+    with open_store(args, write=True) as store:
         if args.if_not_exists and args.topic in store.list_topics():
             topic = store.describe_topic(args.topic)
         else:
@@ -513,19 +356,19 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
         f"created topic {topic.name} with {topic.partitions} partition(s), retention_ms "
         f"{_retention(topic.effective_retention_ms, topic.effective_retention_ms_source)}"
     )
-    _emit(args, {"name": topic.name, **topic.to_json()}, text)
+    emit(args, {"name": topic.name, **topic.to_json()}, text)
     return EXIT_OK
 
 
 def _cmd_topics_list(args: argparse.Namespace) -> int:
-    with _open_store(args, write=False) as store:
+    with open_store(args, write=False) as store:
         for name, topic in sorted(store.list_topics().items()):
-            _emit(args, {"name": name, **topic.to_json()}, name)
+            emit(args, {"name": name, **topic.to_json()}, name)
     return EXIT_OK
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
-    with _open_store(args, write=False) as store:
+    with open_store(args, write=False) as store:
         names = args.topics or sorted(store.list_topics())
         for name in names:
             topic = store.describe_topic(name)
@@ -554,7 +397,7 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
             for p, lo, hi in ranges:
                 text += f"\n\tPartition: {p}\tEarliestOffset: {lo}\tLatestOffset: {hi}"
             data = {"name": name, **topic.to_json(), **effective, "offsets": offsets}
-            _emit(args, data, text)
+            emit(args, data, text)
     return EXIT_OK
 
 
@@ -569,112 +412,11 @@ def _iso(epoch_ms: int) -> str:
 
 
 def _cmd_topics_alter(args: argparse.Namespace) -> int:
-    with _open_store(args, write=True) as store:
+    with open_store(args, write=True) as store:
         topic = store.add_partitions(args.topic, args.partitions)
     text = f"topic {topic.name} now has {topic.partitions} partitions"
-    _emit(args, {"name": topic.name, **topic.to_json()}, text)
+    emit(args, {"name": topic.name, **topic.to_json()}, text)
     return EXIT_OK
-
-
-# ---------------------------------------------------------------- produce
-
-
-def _cmd_produce(args: argparse.Namespace) -> int:
-    headers = []
-    for item in args.header:
-        name, separator, value = item.partition("=")
-        if not separator or not name:
-            raise CliError(f"bad --header {item!r}: use KEY=VALUE")
-        headers.append((name, value.encode("utf-8")))
-    separator = None if args.key_separator is None else args.key_separator.encode("utf-8")
-    if separator == b"":
-        raise CliError("--key-separator must not be empty")
-    fixed_key = None if args.key is None else args.key.encode("utf-8")
-    with contextlib.ExitStack() as stack:
-        source = sys.stdin.buffer
-        total = 0
-        if args.file is not None:
-            source = stack.enter_context(open(args.file, "rb"))
-            total = os.fstat(source.fileno()).st_size
-        store = stack.enter_context(_open_store(args, write=True))
-        if not store.auto_create_topics:  # else the first send creates the topic
-            store.describe_topic(args.topic)  # an unknown topic fails before reading input
-        producer = KafkaProducer(store, linger_ms=PRODUCE_LINGER_MS, batch_size=PRODUCE_BATCH_BYTES)
-        bar = _progress(args, args.file or "stdin", total, "B") if total else _NoProgress()
-        stack.callback(bar.close)
-        summary: dict[int, list[int]] = {}  # partition -> [records, first offset, last offset]
-        futures: list[Any] = []
-        failure: BaseException | None = None
-        try:
-            for number, raw in enumerate(source, start=1):
-                line = raw[:-1] if raw.endswith(b"\n") else raw
-                line = line[:-1] if line.endswith(b"\r") else line
-                key = fixed_key
-                if separator is not None:
-                    key, found, line = line.partition(separator)
-                    if not found:
-                        raise CliError(f"line {number} has no key separator {args.key_separator!r}")
-                futures.append(
-                    producer.send(
-                        args.topic, line, key=key, headers=headers, partition=args.partition
-                    )
-                )
-                bar.update(len(raw))
-                if len(futures) >= PRODUCE_CHECK_RECORDS:
-                    producer.flush()
-                    failure = _settle(futures, summary)
-                    if failure is not None:
-                        break
-        except (CliError, StoreError) as error:  # a bad line, or a send the store refused
-            failure = error
-        finally:
-            producer.close()  # appends what was sent before a failure
-        failure = _settle(futures, summary) or failure
-    _report_produced(args, summary, failure)
-    if failure is not None:
-        raise failure  # after the lines before it were reported
-    return EXIT_OK
-
-
-def _report_produced(
-    args: argparse.Namespace, summary: dict[int, list[int]], failure: BaseException | None
-) -> None:
-    """Print what was written: everything, or (on a failure) what was written before
-    it, so a retry knows where to resume."""
-    records = sum(item[0] for item in summary.values())
-    if failure is not None and not records:
-        return  # nothing was written: the error alone says it
-    partitions = {
-        str(p): {"records": n, "first_offset": first, "last_offset": last}
-        for p, (n, first, last) in sorted(summary.items())
-    }
-    text = f"produced {records} record(s) to {args.topic}"
-    if failure is not None:
-        spans = ", ".join(
-            f"partition {p} offsets {first}-{last}"
-            for p, (_, first, last) in sorted(summary.items())
-        )
-        text += f" before the error ({spans}); the rest of the input was not written"
-    data = {"topic": args.topic, "records": records, "partitions": partitions}
-    _emit(args, {**data, "complete": failure is None}, text)
-
-
-def _settle(futures: list[Any], summary: dict[int, list[int]]) -> BaseException | None:
-    """Count what landed where; return the first send error (records sent after a
-    failed one are still counted when they landed)."""
-    failure = None
-    for future in futures:
-        try:
-            metadata = future.get()
-        except StoreError as error:
-            failure = failure or error
-            continue
-        entry = summary.setdefault(metadata.partition, [0, metadata.offset, metadata.offset])
-        entry[0] += 1
-        entry[1] = min(entry[1], metadata.offset)
-        entry[2] = max(entry[2], metadata.offset)
-    futures.clear()
-    return failure
 
 
 # ---------------------------------------------------------------- consume
@@ -683,7 +425,7 @@ def _settle(futures: list[Any], summary: dict[int, list[int]]) -> BaseException 
 def _cmd_consume(args: argparse.Namespace) -> int:
     if args.timeout_ms is not None and not args.follow:
         raise CliError("--timeout-ms needs --follow")
-    with _open_store(args, write=args.group is not None) as store:
+    with open_store(args, write=args.group is not None) as store:
         topic = store.describe_topic(args.topic)
         partitions = list(range(topic.partitions))
         if args.partition is not None:
@@ -696,7 +438,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
         if args.group:
             entries = {(args.topic, p): (offset, "") for p, offset in positions.items()}
             store.offsets.commit(args.group, entries)
-    _note(args, f"Processed a total of {count} messages")
+    note(args, f"Processed a total of {count} messages")
     return EXIT_OK
 
 
@@ -704,7 +446,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 
 
 def _cmd_offsets(args: argparse.Namespace) -> int:
-    with _open_store(args, write=False) as store:
+    with open_store(args, write=False) as store:
         topic = store.describe_topic(args.topic)
         groups = sorted(
             set(args.group) | (set(store.offsets.groups()) if args.all_groups else set())
@@ -732,14 +474,14 @@ def _cmd_offsets(args: argparse.Namespace) -> int:
     columns = ["topic", "partition", "earliest", "latest"]
     columns += ["offset_for_time", "timestamp"] if args.time is not None else []
     columns += ["group", "committed", "lag"] if groups else []
-    _table(args, rows, columns)
+    table(args, rows, columns)
     return EXIT_OK
 
 
 def _cmd_query_key(args: argparse.Namespace) -> int:
     if args.engine != "commitlog":
         raise CliError("query-key needs the commitlog engine (the segmented log has no key index)")
-    with _open_store(args, write=False) as store:
+    with open_store(args, write=False) as store:
         for message in store.query_by_key(args.topic, args.key, args.begin, args.end, args.max):
             properties = dict(message.properties)  # the Kafka key is the first, if any
             data = {
@@ -762,7 +504,7 @@ def _cmd_query_key(args: argparse.Namespace) -> int:
                 f"Keys:{','.join(message.keys)}\t"
                 + ("null" if message.value is None else cli_dump.printable(message.value))
             )
-            _emit(args, data, text)
+            emit(args, data, text)
     return EXIT_OK
 
 
@@ -778,7 +520,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CliError(str(error)) from None
     if corrupt:
-        _note(args, f"{corrupt} corrupt spot(s) found")
+        note(args, f"{corrupt} corrupt spot(s) found")
     return EXIT_CORRUPT if corrupt else EXIT_OK
 
 
@@ -790,20 +532,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CliError(f"no store at {args.store} (it has no {marker}): nothing to verify")
     bars: list[Any] = []
 
-    def progress(label: str, total: int) -> Callable[[int], None]:
-        bars.append(_progress(args, label, total, "file" if label == "ConsumeQueue" else "B"))
+    def bar(label: str, total: int) -> Callable[[int], None]:
+        bars.append(progress(args, label, total, "file" if label == "ConsumeQueue" else "B"))
         return bars[-1].update
 
     try:
         if args.engine == "segmented":
-            report = cli_verify.verify_segmented_store(args.store, progress)
+            report = cli_verify.verify_segmented_store(args.store, bar)
         else:
             if os.path.exists(os.path.join(args.store, "abort")):
-                _note(args, "note: a writer has the store open, or it crashed: its tail may show")
-            report = cli_verify.verify_commitlog_store(args.store, progress)
+                note(args, "note: a writer has the store open, or it crashed: its tail may show")
+            report = cli_verify.verify_commitlog_store(args.store, bar)
     finally:
-        for bar in bars:
-            bar.close()
+        for shown in bars:
+            shown.close()
     cli_verify.print_report(report, args.json)
     return EXIT_CORRUPT if report.findings else EXIT_OK
 
@@ -812,7 +554,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    with _open_store(args, write=False) as store:
+    with open_store(args, write=False) as store:
         stats = dict(store.stats())
         stats["topics"] = len(store.list_topics())
         stats["groups"] = len(store.offsets.groups())
@@ -830,7 +572,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     stats["files"], stats["bytes"] = cli_verify.tree_size(args.store)
     stats = {k: round(v, 1) if isinstance(v, float) else v for k, v in stats.items()}
     if args.json:
-        print(_dumps(stats))
+        print(dumps(stats))
     else:
         for name, value in stats.items():
             print(f"{name}: {'-' if value is None else value}")
@@ -845,5 +587,5 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     extra = [arg for arg in args.bench_args if arg != "--"]
     command = [sys.executable, "-m", "bench.commitlog_append", "--quick", *extra]
-    _note(args, f"running {' '.join(command[1:])} in {root}")
+    note(args, f"running {' '.join(command[1:])} in {root}")
     return subprocess.call(command, cwd=root)
