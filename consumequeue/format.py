@@ -27,6 +27,24 @@ never reads the CommitLog::
     | block_max_ms i64 x blocks_per_file  (block j at ... + j * 8)|
     +-------------------------------------------------------------+
 
+Shared unit log (issue 15): a queue's first units do not get files of their own. They
+go, with every other young queue's of the topic, into the topic's shared log, one
+40-byte record per unit, in dispatch order (so commitlog offsets strictly increase
+along the log); a queue "graduates" to its own files once it holds
+``shared_units_max`` units there, its first own file beginning at the next offset::
+
+    <topic dir>/.shared/00000000000041943040   (records_per_file * 40 bytes, sparse)
+    +--------------------+--------+-------------+----------+--------------+----------+
+    | commitlog_offset 8 | size 4 | tag_hash 8  | queue_id | queue_offset | time_ms 8|
+    |                    |        |             | 4        | 8            |          |
+    +--------------------+--------+-------------+----------+--------------+----------+
+      the 20-byte unit, verbatim                  record i at byte i * 40 of the log
+
+A shared file is named by the log byte position of its first record; it is created at
+its full size under a temporary name and renamed into place. A record is written iff
+its ``size`` is non-zero; a zero size past the written end is free space, before it a
+unit truncated by hand (a tombstone, which keeps its commitlog offset).
+
 All integers are little-endian. A unit is written iff its ``size`` field is non-zero
 (sizes are always > 0); an all-zero unit reads as "not written". Block ``j`` of a file
 covers its units ``[j * N, min((j + 1) * N, units_per_file))`` with ``N =
@@ -60,6 +78,10 @@ __all__ = [
     "UNIT_SIZE_BYTES",
     "TIMESTAMP",
     "TIMESTAMP_SIZE_BYTES",
+    "SHARED_DIRECTORY",
+    "SHARED_RECORD",
+    "SHARED_RECORD_SIZE_BYTES",
+    "SHARED_UNIT_VIEW",
     "TIME_HEADER",
     "TIME_HEADER_SIZE_BYTES",
     "TIME_HEADER_STRUCT",
@@ -92,6 +114,32 @@ assert UNIT.fields is not None
 assert UNIT.fields["size"][1] == 8
 assert UNIT.fields["tag_hash"][1] == 12
 UNIT_SIZE_BYTES: Final = UNIT.itemsize
+
+SHARED_RECORD: Final = np.dtype(
+    [
+        ("commitlog_offset", "<i8"),  # the unit's three fields, as in UNIT
+        ("size", "<i4"),  # 0: free (past the written end) or truncated (a tombstone)
+        ("tag_hash", "<i8"),
+        ("queue_id", "<i4"),  # the queue of the topic this unit belongs to
+        ("queue_offset", "<i8"),  # its offset in that queue
+        ("timestamp_ms", "<i8"),  # its ConsumeQueue time (as in a time file)
+    ]
+)
+assert SHARED_RECORD.itemsize == 40
+SHARED_RECORD_SIZE_BYTES: Final = SHARED_RECORD.itemsize
+# The unit inside a record: gathered units convert to UNIT field by field.
+SHARED_UNIT_VIEW: Final = np.dtype(
+    {
+        "names": ["commitlog_offset", "size", "tag_hash"],
+        "formats": ["<i8", "<i4", "<i8"],
+        "offsets": [0, 8, 12],
+        "itemsize": SHARED_RECORD_SIZE_BYTES,
+    }
+)
+assert SHARED_RECORD.fields is not None and UNIT.fields is not None
+assert UNIT.names is not None
+assert all(SHARED_RECORD.fields[name][1] == UNIT.fields[name][1] for name in UNIT.names)
+SHARED_DIRECTORY: Final = ".shared"  # under a topic's directory; never a queue id
 
 TIMESTAMP: Final = np.dtype("<i8")  # milliseconds since the epoch, >= 0
 TIMESTAMP_SIZE_BYTES: Final = TIMESTAMP.itemsize

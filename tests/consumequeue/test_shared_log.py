@@ -1,0 +1,306 @@
+"""SharedUnitLog: appends, reads, truncations, retention and reloads against a model,
+and power-cut recovery from crash states built directly on disk."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.consumequeue.format import SHARED_RECORD, SHARED_RECORD_SIZE_BYTES, UNIT
+from mqstore.consumequeue.shared_log import SharedUnitLog
+
+RECORDS_PER_FILE = 5  # small: appends, cuts and retention cross file boundaries
+
+
+def _name(file_index: int) -> str:
+    return f"{file_index * RECORDS_PER_FILE * SHARED_RECORD_SIZE_BYTES:020d}"
+
+
+class Model:
+    """The log as lists: every unit ever appended, by queue, and each queue's min."""
+
+    def __init__(self) -> None:
+        self.units: dict[int, list[tuple[int, int, int, int, int]]] = {}  # (qoff, clog, ...)
+        self.mins: dict[int, int] = {}
+        self.ends: dict[int, int] = {}  # each run's next offset
+        self.clogs: list[int] = []  # every record's, tombstones included (they keep theirs)
+        self.positions: dict[tuple[int, int], int] = {}  # (queue, offset) -> record index
+        self.file_lo = 0  # files wholly before this one were deleted by retention
+
+    def floor(self) -> int:
+        return self.file_lo * RECORDS_PER_FILE
+
+    def retention(self, commitlog_min: int) -> None:
+        """Files wholly below the first record at or above ``commitlog_min`` go, never
+        the newest (record index ``len(clogs) - 1``'s)."""
+        first_kept = next((i for i, c in enumerate(self.clogs) if c >= commitlog_min), None)
+        first_kept = len(self.clogs) if first_kept is None else first_kept
+        newest = max(len(self.clogs) - 1, 0) // RECORDS_PER_FILE
+        while self.file_lo < newest and (self.file_lo + 1) * RECORDS_PER_FILE <= first_kept:
+            self.file_lo += 1
+
+    clogs_gone = False  # a cut left no record on disk: the log forgot its last offset
+
+    @property
+    def last_clog(self) -> int:
+        if self.clogs_gone or not self.clogs:
+            return -1
+        return self.clogs[-1]
+
+    def live(self, queue_id: int) -> list[tuple[int, int, int, int, int]]:
+        """The queue's units whose records are still on disk."""
+        floor = self.floor()
+        units = self.units.get(queue_id, [])
+        return [u for u in units if self.positions[(queue_id, u[0])] >= floor]
+
+    def end(self, queue_id: int) -> int | None:
+        """The run's next offset, None when it may start anywhere (no live record)."""
+        units = self.live(queue_id)
+        return units[-1][0] + 1 if units else None
+
+
+def _columns(units: list[tuple[int, int, int, int, int, int]]) -> list[np.ndarray]:
+    """(queue_id, queue_offset, clog, size, tag, time) rows -> append's columns."""
+    array = np.array(units, dtype=np.int64).reshape(-1, 6)
+    return [array[:, 0].astype(np.int32), array[:, 1], array[:, 2],
+            array[:, 3].astype(np.int32), array[:, 4], array[:, 5]]  # fmt: skip
+
+
+def _append(shared: SharedUnitLog, model: Model, rows: list[tuple[int, ...]]) -> int:
+    columns = _columns(rows)  # type: ignore[arg-type]
+    taken = shared.append(*columns)
+    for queue_id, queue_offset, clog, size, tag, time_ms in rows[:taken]:
+        units = model.units.setdefault(queue_id, [])
+        if not model.live(queue_id):  # an empty run starts afresh
+            units.clear()
+            model.mins[queue_id] = queue_offset
+        units.append((queue_offset, clog, size, tag, time_ms))
+        model.ends[queue_id] = queue_offset + 1
+        model.positions[(queue_id, queue_offset)] = len(model.clogs)
+        model.clogs.append(clog)
+        model.clogs_gone = False
+    return taken
+
+
+def _check(shared: SharedUnitLog, model: Model) -> None:
+    for queue_id, units in model.units.items():
+        if not units:
+            assert queue_id not in shared.runs or len(shared.runs[queue_id]) == 0
+            continue
+        run = shared.runs[queue_id]
+        first = model.mins[queue_id]
+        assert (run.min_offset, run.end) == (first, model.ends[queue_id])
+        live = [unit for unit in units if unit[0] >= run.first_offset]
+        assert all(model.positions[(queue_id, unit[0])] >= model.floor() for unit in live)
+        got = shared.units(queue_id, run.first_offset, len(live))
+        assert got.dtype == UNIT
+        assert got["commitlog_offset"].tolist() == [unit[1] for unit in live]
+        assert got["size"].tolist() == [unit[2] for unit in live]
+        assert got["tag_hash"].tolist() == [unit[3] for unit in live]
+        times = shared.timestamps(queue_id, run.first_offset, len(live))
+        assert times.tolist() == [unit[4] for unit in live]
+    assert shared.last_commitlog_offset == model.last_clog
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("append"), st.lists(st.integers(0, 3), min_size=1, max_size=9), st.booleans()
+        ),
+        st.tuples(st.just("truncate_queue"), st.integers(0, 3), st.integers(0, 12)),
+        st.tuples(st.just("truncate_beyond"), st.integers(0, 60)),
+        st.tuples(st.just("retention"), st.integers(0, 60)),
+        st.tuples(st.just("reopen")),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_log_matches_model(ops: list[tuple[Any, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        directory = os.path.join(root, "topic", ".shared")
+        shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+        model = Model()
+        clog = 0
+        try:
+            for op in ops:
+                if op[0] == "append":
+                    rows = []
+                    for queue_id in op[1]:
+                        expected = model.end(queue_id)
+                        nexts = [row[1] + 1 for row in rows if row[0] == queue_id]
+                        offset = nexts[-1] if nexts else (expected if expected is not None else 3)
+                        if op[2] and queue_id == op[1][-1]:
+                            offset += 1  # a gap: the append stops there
+                        clog += 1
+                        rows.append((queue_id, offset, clog, 10 + clog, -clog, 1000 + clog % 7))
+                    taken = _append(shared, model, rows)
+                    assert taken == len(rows) or op[2]
+                elif op[0] == "truncate_queue":
+                    queue_id, offset = op[1], op[2]
+                    shared.truncate_queue(queue_id, offset)
+                    units = model.units.get(queue_id, [])
+                    if queue_id in model.ends and offset < model.ends[queue_id]:
+                        model.units[queue_id] = [unit for unit in units if unit[0] < offset]
+                        model.ends[queue_id] = offset
+                        model.mins[queue_id] = min(model.mins[queue_id], offset)
+                elif op[0] == "truncate_beyond":
+                    shared.truncate_beyond(op[1])
+                    for queue_id, units in model.units.items():
+                        cut = [unit for unit in model.live(queue_id) if unit[1] >= op[1]]
+                        if cut:
+                            model.ends[queue_id] = cut[0][0]
+                            model.mins[queue_id] = min(model.mins[queue_id], cut[0][0])
+                        model.units[queue_id] = [unit for unit in units if unit[1] < op[1]]
+                    cut_at = next((i for i, c in enumerate(model.clogs) if c >= op[1]), None)
+                    cut_at = max(len(model.clogs) if cut_at is None else cut_at, model.floor())
+                    model.clogs = model.clogs[:cut_at]
+                    if cut_at == model.floor():  # nothing left on disk before the cut
+                        model.clogs_gone = True
+                elif op[0] == "retention":
+                    shared.correct_min_offsets(op[1])
+                    model.retention(op[1])
+                    for queue_id in model.units:
+                        live = model.live(queue_id)
+                        below = sum(1 for unit in live if unit[1] < op[1])
+                        first = live[0][0] if live else model.ends[queue_id]
+                        model.mins[queue_id] = max(model.mins[queue_id], first + below)
+                else:
+                    shared.flush()
+                    shared.close()
+                    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+                    _reload_model(model)
+                _check(shared, model)
+        finally:
+            shared.close()
+
+
+def _reload_model(model: Model) -> None:
+    """After a reopen a run is what its records on disk hold: its min offset is its
+    first record (retention's correction is in memory only: the store redoes it at
+    open), and a queue without records (truncated by hand, or its file deleted by
+    retention) has no run: the ConsumeQueue must keep its max offset (QUEUES.md)."""
+    for queue_id in list(model.units):
+        units = model.live(queue_id)
+        model.units[queue_id] = units
+        if not units:
+            del model.units[queue_id]
+            model.mins.pop(queue_id, None)
+            model.ends.pop(queue_id, None)
+            continue
+        model.mins[queue_id] = units[0][0]
+        model.ends[queue_id] = units[-1][0] + 1
+
+
+def test_reload_keeps_units_and_order(tmp_path: Any) -> None:
+    directory = str(tmp_path / "t" / ".shared")
+    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    rows = [(q % 3, q // 3, 100 + q, 50, 7, 9) for q in range(12)]
+    assert shared.append(*_columns(rows)) == 12  # type: ignore[arg-type]
+    shared.flush()
+    shared.close()
+    names = sorted(os.listdir(directory))
+    assert names == [_name(i) for i in range(3)]
+    again = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
+    assert {q: (run.first_offset, run.end) for q, run in again.runs.items()} == {
+        0: (0, 4), 1: (0, 4), 2: (0, 4),
+    }  # fmt: skip
+    assert again.units(1, 0, 4)["commitlog_offset"].tolist() == [101, 104, 107, 110]
+    assert not again.can_append(111) and again.can_append(112)
+    again.close()
+
+
+def test_append_stops_at_out_of_order_commitlog_offset(tmp_path: Any) -> None:
+    shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
+    rows = [(0, 0, 10, 1, 0, 0), (1, 0, 20, 1, 0, 0), (0, 1, 15, 1, 0, 0)]
+    assert shared.append(*_columns(rows)) == 2  # type: ignore[arg-type]
+    assert shared.append(*_columns([(0, 1, 20, 1, 0, 0)])) == 0  # type: ignore[arg-type]
+    shared.close()
+
+
+def test_wrong_file_size_is_corrupt(tmp_path: Any) -> None:
+    directory = str(tmp_path / ".shared")
+    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    shared.append(*_columns([(0, 0, 1, 1, 0, 0)]))  # type: ignore[arg-type]
+    shared.close()
+    path = os.path.join(directory, _name(0))
+    os.truncate(path, 7)
+    with pytest.raises(CorruptDataError):
+        SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+
+
+# ------------------------------------------------------------------ power cut
+
+
+def _crash_state(directory: str, durable: int, total: int, tear: str) -> dict[int, tuple[int, ...]]:
+    """Write ``total`` records (4 queues round-robin, record i at commitlog 100 * i),
+    then damage what follows the first ``durable`` as a power cut may: ``zero`` (pages
+    lost), ``torn`` (a record half written, later ones whole), ``garbage`` (a stale
+    commitlog offset that is below the claim but was never this record's)."""
+    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    rows = [(i % 4, i // 4, 100 * i, 10 + i, i, 5000 + i) for i in range(total)]
+    shared.append(*_columns(rows))  # type: ignore[arg-type]
+    shared.flush()
+    shared.close()
+    by_clog = {row[2]: row for row in rows}
+    for index in range(durable, total):
+        file_index, in_file = divmod(index, RECORDS_PER_FILE)
+        with open(os.path.join(directory, _name(file_index)), "r+b") as handle:
+            if tear == "zero":
+                handle.seek(in_file * SHARED_RECORD_SIZE_BYTES)
+                handle.write(bytes(SHARED_RECORD_SIZE_BYTES))
+            elif tear == "torn" and index == durable:  # its second half never landed
+                handle.seek(in_file * SHARED_RECORD_SIZE_BYTES + 20)
+                handle.write(bytes(20))
+            elif tear == "garbage" and index == total - 1:
+                record = np.zeros(1, dtype=SHARED_RECORD)
+                record["commitlog_offset"] = 100 * (durable - 1) + 50  # below the claim
+                record["size"] = 3
+                record["queue_id"] = 1
+                handle.seek(in_file * SHARED_RECORD_SIZE_BYTES)
+                handle.write(record.tobytes())
+    return by_clog
+
+
+@pytest.mark.parametrize("tear", ["zero", "torn", "garbage"])
+@pytest.mark.parametrize(("durable", "total"), [(0, 6), (3, 12), (5, 11), (12, 12)])
+def test_recover_tail_keeps_the_claimed_prefix(
+    tmp_path: Any, tear: str, durable: int, total: int
+) -> None:
+    directory = str(tmp_path / "t" / ".shared")
+    by_clog = _crash_state(directory, durable, total, tear)
+    claim = 100 * durable  # every record below it was synced
+
+    def verify(queue_id: int, clog: int, size: int, queue_offset: int) -> bool:
+        row = by_clog.get(clog)
+        return row is not None and (row[0], row[1], row[3]) == (queue_id, queue_offset, size)
+
+    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False, lenient=True)
+    shared.recover_tail(claim, 0, verify)
+    assert shared.end_record == durable
+    for queue_id in range(4):
+        expected = [row for row in by_clog.values() if row[0] == queue_id and row[2] < claim]
+        run = shared.runs.get(queue_id)
+        assert (len(run) if run else 0) == len(expected)
+        if expected:
+            got = shared.units(queue_id, 0, len(expected))
+            assert got["commitlog_offset"].tolist() == [row[2] for row in expected]
+    # Re-dispatch from the claim puts the rest back, and a reload sees it all.
+    rest = [row for clog, row in sorted(by_clog.items()) if clog >= claim]
+    if rest:
+        assert shared.append(*_columns(rest)) == len(rest)  # type: ignore[arg-type]
+    shared.flush()
+    shared.close()
+    again = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
+    assert again.end_record == total
+    assert sum(len(run) for run in again.runs.values()) == total
+    again.close()
