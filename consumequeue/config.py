@@ -15,6 +15,9 @@ UNITS_PER_FILE_MAX: Final = 50_000_000  # 1 GB unit files; the header stores it 
 OPEN_FILES_MIN: Final = 2  # one operation needs a unit file and its time file at once
 OPEN_FILES_MAX: Final = 1 << 20  # far above any per-process fd limit we expect
 TIME_INTERVAL_MAX: Final = 1 << 20  # a time look-up scans one block: at most 8 MiB
+# A shared queue costs 8 bytes of memory per unit (its run's record indexes) and its
+# time look-ups scan the whole run: 65,536 units is 512 KiB and one 512 KiB scan.
+SHARED_UNITS_MAX: Final = 1 << 16
 
 
 def _wrap(validator: Any) -> Any:
@@ -43,6 +46,10 @@ class ConsumeQueueConfig:
             mapping holds one file descriptor); the coldest are closed beyond it.
         time_index_interval_units: N, units per block of the sparse time index; a time
             look-up scans at most one block (N timestamps) after an O(log n) search.
+        shared_units_max: a queue keeps its first units in its topic's shared unit log
+            (no file of its own) until it holds this many there, then graduates to
+            files of its own (docs/QUEUES.md); 0: every queue has its own files from
+            its first unit (units already in a shared log stay readable).
     """
 
     units_per_file: int = attrs.field(
@@ -54,3 +61,4 @@ class ConsumeQueueConfig:
     time_index_interval_units: int = attrs.field(
         default=1024, validator=_int_between(1, TIME_INTERVAL_MAX)
     )
+    shared_units_max: int = attrs.field(default=0, validator=_int_between(0, SHARED_UNITS_MAX))

@@ -34,8 +34,6 @@ Threading: every method holds the store lock (an RLock shared with the file cach
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 
 import numpy as np
 
@@ -46,17 +44,18 @@ from mqstore.commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
+from mqstore.consumequeue import queue_recovery, queue_shared
 from mqstore.consumequeue.format import (
-    TIME_FILE_SUFFIX,
     TIMESTAMP,
     TIMESTAMP_SIZE_BYTES,
     UNIT,
     UNIT_SIZE_BYTES,
     block_max_position_bytes,
-    parse_unit_file_name,
 )
 from mqstore.consumequeue.mapped_file import block_maxima
 from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
+from mqstore.consumequeue.queue_recovery import UnitVerifier
+from mqstore.consumequeue.shared_log import SharedUnitLog
 from mqstore.consumequeue.time_index import TimeIndex
 from mqstore.consumequeue.unit_batch import (
     INT64_MAX,
@@ -70,10 +69,6 @@ from mqstore.consumequeue.unit_batch import (
 __all__ = ["ConsumeQueue"]
 
 log = logging.getLogger(__name__)
-
-#: verify(commitlog_offset, size, queue_offset): is the record there this queue's?
-UnitVerifier = Callable[[int, int, int], bool]
-DAMAGED_FILE_DROPS_MAX = 8  # unreadable files dropped per queue before it counts as corrupt
 
 
 class ConsumeQueue:
@@ -95,6 +90,7 @@ class ConsumeQueue:
         "_loaded",
         "_max_offset",
         "_min_offset",
+        "_shared",
         "_time_index",
         "_upf",
         "directory",
@@ -108,6 +104,7 @@ class ConsumeQueue:
     _max_offset: int
     _last_commitlog_offset: int | None  # of the unit at max_offset - 1
     _time_index: TimeIndex | None  # built on the first offset_for_time
+    _shared: SharedUnitLog | None  # the topic's shared unit log (see queue_shared)
 
     def __init__(
         self,
@@ -118,10 +115,13 @@ class ConsumeQueue:
         serial: int,
         *,
         known_empty: bool = False,
+        shared: SharedUnitLog | None = None,
     ) -> None:
         """Built by the store. ``known_empty``: the writer knows the directory is absent,
-        so the queue starts loaded and empty without listing it."""
+        so the queue starts loaded without own files, without listing it. ``shared``:
+        the topic's shared unit log, which holds the queue's units below its own files."""
         self._ctx = context
+        self._shared = shared
         self.topic = topic
         self.queue_id = queue_id
         self.directory = directory
@@ -141,8 +141,8 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._enter()
             if self._ctx.read_only:
-                self._refresh_min()
-            return self._min_offset
+                queue_shared.refresh_min(self)
+            return queue_shared.low_offset(self)
 
     @property
     def max_offset(self) -> int:
@@ -150,7 +150,7 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._enter()
             if self._ctx.read_only:
-                self._refresh_max()
+                queue_shared.refresh_max(self)
             return self._max_offset
 
     def refresh(self) -> None:
@@ -161,6 +161,8 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._check_open()
             if self._ctx.read_only:
+                if self._shared is not None:
+                    self._shared.refresh()
                 self._load()
 
     # ----------------------------------------------------------------- writes
@@ -185,7 +187,16 @@ class ConsumeQueue:
         timestamp_ms = check_int("timestamp_ms", timestamp_ms, 0, INT64_MAX)
         with self._ctx.lock:
             self._enter_for_write()
-            if self._first_offset == self._max_offset or self._restarts_at(queue_offset):
+            if self._shared is not None and (
+                queue_offset < self._first_offset or self._file_lo == self._file_hi
+            ):
+                batch = UnitBatch.of(
+                    np.array([commitlog_offset]), np.array([size]),
+                    np.array([tag_hash]), np.array([timestamp_ms]),
+                )  # fmt: skip
+                if queue_shared.put_shared(self, queue_offset, batch):
+                    return
+            if self._is_empty() or self._restarts_at(queue_offset):
                 self._start_at(queue_offset)
             elif queue_offset < self._max_offset:
                 self._reput_one(queue_offset, commitlog_offset, size, tag_hash, timestamp_ms)
@@ -224,7 +235,14 @@ class ConsumeQueue:
             return
         with self._ctx.lock:
             self._enter_for_write()
-            if self._first_offset == self._max_offset or self._restarts_at(first):
+            if self._shared is not None and (
+                first < self._first_offset or self._file_lo == self._file_hi
+            ):
+                handled = queue_shared.put_shared(self, first, batch)
+                if handled == len(batch):
+                    return
+                first, batch = first + handled, batch.tail(handled)
+            if self._is_empty() or self._restarts_at(first):
                 self._start_at(first)
             elif first > self._max_offset:
                 raise InvalidArgumentError(
@@ -241,6 +259,13 @@ class ConsumeQueue:
                 self._reput_range(first, batch.head(overlap))
             if overlap < len(batch):
                 self._write_units(self._max_offset, batch.tail(overlap))
+
+    def append_limit(self) -> int:
+        """The queue offset from which units go to the queue's own files; -1 when every
+        unit does (see queue_shared.append_limit). Writer only."""
+        with self._ctx.lock:
+            self._enter_for_write()
+            return queue_shared.append_limit(self)
 
     def truncate(self, offset: int) -> None:
         """Drop every unit at or above ``offset``: zero them in their file, delete files
@@ -276,6 +301,9 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._enter()
             self._check_range(offset, offset + 1)
+            if offset < self._first_offset:
+                shared_unit: np.void = queue_shared.read_units(self, offset, 1)[0]
+                return shared_unit
             file_index, unit_in_file = divmod(offset, self._upf)
             unit: np.void = self._files.units(file_index).units[unit_in_file].copy()
             if unit["size"] <= 0:
@@ -303,7 +331,10 @@ class ConsumeQueue:
             self._enter()
             self._check_range(start, start)
             if self._ctx.read_only and start + max_units > self._max_offset:
-                self._refresh_max()  # asked past the max we know: the writer may be there
+                queue_shared.refresh_max(self)  # asked past our max: the writer may be there
+            if start < self._first_offset:
+                count = min(max_units, self._first_offset - start)
+                return _read_only(queue_shared.read_units(self, start, count))
             file_index, unit_in_file = divmod(start, self._upf)
             count = min(max_units, self._max_offset - start, self._upf - unit_in_file)
             if count <= 0:
@@ -329,6 +360,10 @@ class ConsumeQueue:
             self._check_range(start, start + count)
             parts = []
             offset = start
+            if offset < self._first_offset:
+                take = min(count, self._first_offset - offset)
+                parts.append(queue_shared.read_timestamps(self, offset, take))
+                offset += take
             while offset < start + count:
                 file_index, unit_in_file = divmod(offset, self._upf)
                 take = min(start + count - offset, self._upf - unit_in_file)
@@ -355,7 +390,10 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._enter()
             if self._ctx.read_only:
-                self._refresh_max()
+                queue_shared.refresh_max(self)
+            found = queue_shared.first_at_time(self, timestamp_ms)
+            if found is not None:
+                return found
             low, high = self._min_offset, self._max_offset
             if low >= high:
                 return None
@@ -391,117 +429,14 @@ class ConsumeQueue:
     def recover_tail(
         self, commitlog_claim: int, commitlog_min: int, verify: UnitVerifier
     ) -> tuple[int, int | None]:
-        """After a power cut: keep the units the checkpoint vouches for, drop the rest.
-
-        Every unit of a record before ``commitlog_claim`` (the checkpoint's dispatched
-        position) was synced before the checkpoint was written, so those units, a prefix
-        of the queue, are intact. What the queue holds after them was written later and
-        may be torn, zero, or in a file whose size or header did not survive. The newest
-        intact unit is found walking back from the end: the first unit that points
-        below the claim at a record ``verify`` confirms as this queue's record at that
-        queue offset (one CommitLog read for a queue the cut did not touch). A unit
-        below ``commitlog_min`` cannot be verified (retention deleted its record): the
-        walk stops at the first such unit that is in order with the one before it, so
-        offsets are never reused (a torn one at worst skips a few). The queue is loaded
-        leniently (sizes only; each kept unit is verified here instead). A file that
-        cannot be read at all (its size or header) is deleted with every newer file,
-        and the position after the last kept unit's record is returned, so that
-        re-dispatch starts there and puts back whatever those files held.
+        """After a power cut: keep the own units the checkpoint vouches for, drop the
+        rest (see mqstore.consumequeue.queue_recovery.recover_tail).
 
         Returns:
-            (units dropped, rebuild_from): ``rebuild_from`` is None unless whole files
-            were dropped; then re-dispatch must start at or before it.
+            (units dropped, rebuild_from): re-dispatch must start at or before
+            ``rebuild_from`` when it is not None (whole files were dropped).
         """
-        with self._ctx.lock:
-            dropped_files = False
-            for _ in range(DAMAGED_FILE_DROPS_MAX):
-                try:
-                    self._enter_for_write(lenient=True)
-                    break
-                except CorruptDataError as error:
-                    self._drop_damaged_files(error)
-                    dropped_files = True
-            else:
-                self._enter_for_write(lenient=True)  # still failing: corrupt, not torn
-            dropped = 0
-            if self._first_offset < self._max_offset or self._garbage_end() > 0:
-                keep = self._intact_end(commitlog_claim, commitlog_min, verify)
-                dropped = self._max_offset - keep
-                garbage_end = self._garbage_end()
-                if dropped > 0 or garbage_end > 0:
-                    newest = self._file_hi - 1
-                    self._max_offset = max(self._max_offset, newest * self._upf + garbage_end)
-                    self._truncate(keep)
-            rebuild_from = None
-            if dropped_files:  # the record after the last kept unit's: a record boundary
-                rebuild_from = 0
-                if self._max_offset > self._first_offset:
-                    file_index, unit_in_file = divmod(self._max_offset - 1, self._upf)
-                    units = self._files.units(file_index)
-                    rebuild_from = int(units.commitlog_offsets[unit_in_file]) + int(
-                        units.sizes[unit_in_file]
-                    )
-            return max(dropped, 0), rebuild_from
-
-    def _intact_end(self, claim: int, commitlog_min: int, verify: UnitVerifier) -> int:
-        """The end of the intact prefix (see ``recover_tail``)."""
-        offset = self._max_offset - 1
-        while offset >= self._first_offset:
-            file_index, unit_in_file = divmod(offset, self._upf)
-            units = self._files.units(file_index)
-            size = int(units.sizes[unit_in_file])
-            position = int(units.commitlog_offsets[unit_in_file])
-            if size > 0 and 0 <= position < claim:
-                if position >= commitlog_min:
-                    if verify(position, size, offset):
-                        return offset + 1
-                elif offset == self._first_offset or self._in_order_below(offset, position):
-                    return offset + 1
-            offset -= 1
-        return self._first_offset
-
-    def _in_order_below(self, offset: int, position: int) -> bool:
-        file_index, unit_in_file = divmod(offset - 1, self._upf)
-        units = self._files.units(file_index)
-        return (
-            int(units.sizes[unit_in_file]) > 0
-            and int(units.commitlog_offsets[unit_in_file]) < position
-        )
-
-    def _garbage_end(self) -> int:
-        """In the newest file, the end (unit index) of written units past max_offset
-        (torn garbage the binary search of ``_load`` stepped over), or 0 if none.
-
-        Only the allocated part is read: a queue's file is reserved as it grows
-        (RESERVE_CHUNK_BYTES at a time, from its first unit), so every page a write
-        reached lies within ``st_blocks`` of the start; an untouched queue costs one
-        stat and a few KiB, not its whole sparse file."""
-        if self._file_lo == self._file_hi:
-            return 0
-        newest = self._file_hi - 1
-        units = self._files.units(newest)
-        first = self._first_offset - newest * self._upf if newest == self._file_lo else 0
-        allocated_units = -(-os.stat(units.path).st_blocks * 512 // UNIT_SIZE_BYTES)
-        start = max(self._max_offset - newest * self._upf, 0)
-        stop = min(self._upf, max(first, 0) + allocated_units)
-        if stop <= start:
-            return 0
-        written = np.flatnonzero(units.sizes[start:stop])
-        return 0 if len(written) == 0 else start + int(written[-1]) + 1
-
-    def _drop_damaged_files(self, error: CorruptDataError) -> None:
-        """Delete the unreadable file named by ``error`` and every newer file of this
-        queue; re-raise if the error is not about one of this queue's files."""
-        name = os.path.basename(error.path).removesuffix(TIME_FILE_SUFFIX)
-        if os.path.dirname(error.path) != self.directory:
-            raise error
-        index = parse_unit_file_name(name, self._upf, self.directory)
-        if index is None:
-            raise error
-        log.warning("%s: dropping %s and newer files after a power cut: %s", self, name, error)
-        for newer in sorted((i for i in self._files.indexes() if i >= index), reverse=True):
-            self._files.delete(newer)
-        self._loaded = False
+        return queue_recovery.recover_tail(self, commitlog_claim, commitlog_min, verify)
 
     def correct_min_offset(self, commitlog_min: int) -> None:
         """Raise min_offset to the first unit whose commitlog_offset >= ``commitlog_min``
@@ -509,6 +444,12 @@ class ConsumeQueue:
         (it carries max_offset). Read-only queues only move min_offset."""
         with self._ctx.lock:
             self._enter()
+            if self._shared is not None and self._ctx.read_only:
+                try:
+                    self._shared.correct_min_offset(self.queue_id, commitlog_min)
+                except CorruptDataError:  # the writer deleted a file under us: reload
+                    self._shared.refresh()
+                    self._shared.correct_min_offset(self.queue_id, commitlog_min)
             low, high = self._min_offset, self._max_offset
             if low < high and self._commitlog_offset_at(low) < commitlog_min:
                 self._min_offset = self._search_commitlog(commitlog_min, low, high)
@@ -534,6 +475,8 @@ class ConsumeQueue:
         self._check_open()
         if not self._loaded or self._files.stale:
             self._load()
+        elif self._shared is not None and self._file_lo == self._file_hi:
+            queue_shared.sync_shared_end(self)
 
     def _enter_for_write(self, lenient: bool = False) -> None:
         if self._ctx.read_only:
@@ -552,6 +495,8 @@ class ConsumeQueue:
         self._loaded = True
         if not indexes:
             self._set_empty(0)
+            if self._shared is not None:
+                queue_shared.sync_shared_end(self)
             return
         self._file_lo, self._file_hi = indexes[0], indexes[-1] + 1
         self._time_index = None
@@ -565,36 +510,6 @@ class ConsumeQueue:
         if self._first_offset <= previous_min <= self._max_offset:
             self._min_offset = previous_min  # keep a corrected min_offset across reloads
         self._last_commitlog_offset = self._commitlog_offset_before(self._max_offset)
-
-    def _refresh_max(self) -> None:
-        """Read-only: follow the writer's appends from the max offset we know."""
-        if self._file_lo == self._file_hi:
-            if self._files.indexes():
-                self._load()
-            return
-        while True:
-            newest = self._file_hi - 1
-            end_in_file = self._max_offset - newest * self._upf
-            if end_in_file < self._upf:
-                units = self._files.units(newest)
-                if units.sizes[end_in_file] == 0:
-                    return
-                floor = -1 if self._last_commitlog_offset is None else self._last_commitlog_offset
-                end = units.written_end(end_in_file, floor)
-                self._max_offset = newest * self._upf + end
-                self._last_commitlog_offset = int(units.commitlog_offsets[end - 1])
-                if end < self._upf:
-                    return
-            if not self._files.exists(self._file_hi):
-                return
-            self._file_hi += 1
-
-    def _refresh_min(self) -> None:
-        """Read-only: reload when the writer's retention removed our oldest file."""
-        if self._file_lo == self._file_hi:
-            return
-        if not self._files.exists(self._file_lo):
-            self._load()
 
     # ----------------------------------------------------------------- files
 
@@ -619,7 +534,7 @@ class ConsumeQueue:
         power cut, retention may have deleted CommitLog files (durably) past the
         checkpoint's dispatched claim while the units of those files were not yet
         synced; re-dispatch then resumes such a queue at a higher offset."""
-        restart = self._min_offset == self._max_offset < offset
+        restart = queue_shared.low_offset(self) == self._max_offset < offset
         if restart:
             log.warning(
                 "%s: every unit is below the CommitLog start; resuming at queue offset %d "
@@ -629,10 +544,18 @@ class ConsumeQueue:
         return restart
 
     def _start_at(self, offset: int) -> None:
-        """The queue holds no unit: drop leftover files, begin afresh at ``offset``."""
+        """The queue holds no readable unit: drop leftover files (and forget its shared
+        run), begin afresh at ``offset``."""
         for file_index in range(self._file_hi - 1, self._file_lo - 1, -1):
             self._files.delete(file_index)
+        if self._shared is not None and not self._ctx.read_only:
+            self._shared.restart_queue(self.queue_id, offset)
+            self._ctx.shared_generation += 1
         self._set_empty(offset)
+
+    def _is_empty(self) -> bool:
+        """No unit at all, own or shared: the next put may start anywhere."""
+        return self._first_offset == self._max_offset and queue_shared.shared_run(self) is None
 
     def _check_commitlog_order(self, commitlog_offset: int) -> None:
         last = self._last_commitlog_offset
@@ -785,7 +708,7 @@ class ConsumeQueue:
         self._ctx.cache.generation += 1  # a TailWriter's row for this queue is stale
         self._time_index = None
         if offset <= self._first_offset:
-            self._start_at(offset)
+            queue_shared.truncate_to_shared(self, offset)
             return
         file_index, unit_in_file = divmod(offset, self._upf)
         for newer in range(self._file_hi - 1, file_index, -1):
@@ -893,22 +816,22 @@ class ConsumeQueue:
         """``[start, end)`` must lie in ``[min_offset, max_offset]`` (read-only: re-checked)."""
         if self._ctx.read_only:
             if end > self._max_offset or (start == end and start >= self._max_offset):
-                self._refresh_max()
-            if start < self._min_offset:
-                self._refresh_min()
-        if start < self._min_offset or end > self._max_offset:
+                queue_shared.refresh_max(self)
+            if start < queue_shared.low_offset(self):
+                queue_shared.refresh_min(self)
+        low = queue_shared.low_offset(self)
+        if start < low or end > self._max_offset:
             raise OffsetOutOfRangeError(
-                f"{self}: [{start}, {max(end, start)}) is outside "
-                f"[{self._min_offset}, {self._max_offset})"
+                f"{self}: [{start}, {max(end, start)}) is outside [{low}, {self._max_offset})"
             )
 
     def _raise_unwritten(self, file_index: int, unit_in_file: int, offset: int) -> None:
         if self._ctx.read_only:
             self._load()  # the writer may have truncated (recovery) under us
-            if not self._min_offset <= offset < self._max_offset:
+            if not queue_shared.low_offset(self) <= offset < self._max_offset:
                 raise OffsetOutOfRangeError(
                     f"{self}: queue offset {offset} was truncated by the writer; the queue "
-                    f"now holds [{self._min_offset}, {self._max_offset})"
+                    f"now holds [{queue_shared.low_offset(self)}, {self._max_offset})"
                 )
         raise CorruptDataError(
             self._files.unit_path(file_index),

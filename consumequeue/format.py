@@ -45,6 +45,19 @@ its full size under a temporary name and renamed into place. A record is written
 its ``size`` is non-zero; a zero size past the written end is free space, before it a
 unit truncated by hand (a tombstone, which keeps its commitlog offset).
 
+Beside the shared files, ``ends`` remembers the next offset of every queue whose
+records retention deleted entirely and that has no own file (the log alone would
+forget it, and the queue would restart at 0 on reopen). It is rewritten atomically
+(temporary name, fsync, rename, directory fsync) before the files are deleted::
+
+    <topic dir>/.shared/ends
+    +-------------------------------------------------------------+
+    | header (12 bytes, SHARED_ENDS_HEADER)                       |
+    |   magic u32 | count u32 | crc32 of the entries u32          |
+    +-------------------------------------------------------------+
+    | queue_id i32 | next_offset i64     (count entries, SHARED_END) |
+    +-------------------------------------------------------------+
+
 All integers are little-endian. A unit is written iff its ``size`` field is non-zero
 (sizes are always > 0); an all-zero unit reads as "not written". Block ``j`` of a file
 covers its units ``[j * N, min((j + 1) * N, units_per_file))`` with ``N =
@@ -79,6 +92,10 @@ __all__ = [
     "TIMESTAMP",
     "TIMESTAMP_SIZE_BYTES",
     "SHARED_DIRECTORY",
+    "SHARED_END",
+    "SHARED_ENDS_FILE",
+    "SHARED_ENDS_HEADER",
+    "SHARED_ENDS_MAGIC",
     "SHARED_RECORD",
     "SHARED_RECORD_SIZE_BYTES",
     "SHARED_UNIT_VIEW",
@@ -140,6 +157,16 @@ assert SHARED_RECORD.fields is not None and UNIT.fields is not None
 assert UNIT.names is not None
 assert all(SHARED_RECORD.fields[name][1] == UNIT.fields[name][1] for name in UNIT.names)
 SHARED_DIRECTORY: Final = ".shared"  # under a topic's directory; never a queue id
+SHARED_ENDS_FILE: Final = "ends"  # in SHARED_DIRECTORY; not 20 digits, never a log file
+SHARED_ENDS_MAGIC: Final = 0x53444E45  # "ENDS" little-endian
+SHARED_ENDS_HEADER: Final = struct.Struct("<III")  # magic, entry count, crc32 of entries
+SHARED_END: Final = np.dtype(
+    [
+        ("queue_id", "<i4"),  # a queue of the topic without records or own files
+        ("next_offset", "<i8"),  # its max offset when retention deleted its records
+    ]
+)
+assert SHARED_END.itemsize == 12
 
 TIMESTAMP: Final = np.dtype("<i8")  # milliseconds since the epoch, >= 0
 TIMESTAMP_SIZE_BYTES: Final = TIMESTAMP.itemsize

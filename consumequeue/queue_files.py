@@ -51,7 +51,7 @@ TIMES_KIND: Final = 1
 class QueueContext:
     """What every queue of a store shares: config, file cache, lock and mode."""
 
-    __slots__ = ("cache", "closed", "config", "geometry", "lock", "read_only")
+    __slots__ = ("cache", "closed", "config", "geometry", "lock", "read_only", "shared_generation")
 
     def __init__(self, config: ConsumeQueueConfig, read_only: bool) -> None:
         self.config = config
@@ -60,6 +60,9 @@ class QueueContext:
         self.cache = FileCache(config.max_open_files, self.lock)
         self.geometry = BlockGeometry(config.units_per_file, config.time_index_interval_units)
         self.closed = False
+        # Moves when a queue's shared run is cut or restarted: the TailWriter's cached
+        # graduation offsets are stale then.
+        self.shared_generation = 0
 
 
 class QueueFiles:

@@ -9,10 +9,17 @@ creates, writes or deletes anything.
 Every mapped file of every queue goes through one bounded LRU (``max_open_files``), so
 the number of descriptors held stays bounded however many queues are used.
 
+Young queues keep their units in one shared unit log per topic
+(``<directory>/<topic>/.shared``, mqstore.consumequeue.shared_log), opened on the
+topic's first use, and graduate to files of their own (mqstore.consumequeue.queue_shared).
+
 Crash policy: after CommitLog recovery the store calls ``truncate_beyond`` (drop units
-that point past the recovered log end) and, after retention, ``correct_min_offsets``.
+that point past the recovered log end) and, after retention, ``correct_min_offsets``;
+both treat the shared logs first, then the queues' own files. After a power cut,
+``recover_tails`` recovers the shared logs, then every queue's own files.
 Durability: ``flush()`` syncs every file written since the previous flush, including
-files evicted from the cache meanwhile, and the directories that gained entries.
+files evicted from the cache meanwhile, the shared logs' files, and the directories
+that gained entries.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from mqstore.commitlog.errors import (
 from mqstore.commitlog.record import validate_topic
 from mqstore.consumequeue.config import ConsumeQueueConfig
 from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.format import SHARED_DIRECTORY
 from mqstore.consumequeue.queue_files import QueueContext
+from mqstore.consumequeue.shared_log import SharedUnitLog
 
 __all__ = ["ConsumeQueueStore", "QUEUE_ID_MAX"]
 
@@ -50,6 +59,7 @@ class ConsumeQueueStore:
 
     __slots__ = (
         "_ctx",
+        "_logs",
         "_next_serial",
         "_on_disk",
         "_queues",
@@ -69,6 +79,7 @@ class ConsumeQueueStore:
         # is known empty and skips its own listing (one syscall per new queue).
         self._on_disk: dict[str, set[str]] = {}
         self._next_serial = 0
+        self._logs: dict[str, SharedUnitLog] = {}  # per topic, opened on first use
 
     @classmethod
     def open(
@@ -139,26 +150,74 @@ class ConsumeQueueStore:
             listed.discard(str(queue_id))
         directory = topic_directory + os.sep + str(queue_id)
         queue = ConsumeQueue(
-            self._ctx, topic, queue_id, directory, self._next_serial, known_empty=known_empty
-        )
+            self._ctx, topic, queue_id, directory, self._next_serial,
+            known_empty=known_empty, shared=self.shared_log(topic),
+        )  # fmt: skip
         self._next_serial += 1
         return queue
 
+    def shared_log(self, topic: str, *, lenient: bool = False) -> SharedUnitLog:
+        """The topic's shared unit log, opened (and loaded) on first use.
+
+        ``lenient``: (re)open it for power-cut recovery (see SharedUnitLog.open).
+
+        Raises:
+            CorruptDataError: the log's files are damaged.
+        """
+        shared = self._logs.get(topic)
+        if shared is None or lenient:
+            if shared is not None:
+                shared.close()
+            shared = SharedUnitLog.open(
+                os.path.join(self.directory, topic, SHARED_DIRECTORY),
+                self.config.units_per_file,
+                read_only=self.read_only,
+                lenient=lenient,
+            )
+            self._logs[topic] = shared
+        return shared
+
     def existing_queues(self) -> list[tuple[str, int]]:
-        """Every (topic, queue_id) with a directory on disk, sorted. Entries whose name is
-        not a valid topic or a canonical queue id are not ours and are skipped."""
+        """Every (topic, queue_id) with a directory on disk or units in (or an end
+        remembered by) its topic's shared log, sorted. Entries whose name is not a
+        valid topic or a canonical queue id are not ours and are skipped."""
+        found = set(self._queues_with_files())
+        for topic in self._topics_with_logs():
+            found.update((topic, queue_id) for queue_id in self.shared_log(topic).runs)
+        return sorted(found)
+
+    def _queues_with_files(self) -> list[tuple[str, int]]:
+        """Every (topic, queue_id) with a directory on disk, sorted."""
         self._check_open()
         found = []
-        for topic in _list_directory(self.directory):
-            try:
-                validate_topic(topic)
-            except InvalidArgumentError:
-                continue
+        for topic in self._topics():
             for name in _list_directory(os.path.join(self.directory, topic)):
                 if name.isdigit() and str(int(name)) == name and int(name) <= QUEUE_ID_MAX:
                     found.append((topic, int(name)))
         found.sort()
         return found
+
+    def _topics(self) -> list[str]:
+        topics = []
+        for topic in _list_directory(self.directory):
+            try:
+                validate_topic(topic)
+            except InvalidArgumentError:
+                continue
+            topics.append(topic)
+        return sorted(topics)
+
+    def _topics_with_logs(self) -> list[str]:
+        """Topics whose shared log directory exists (or is open)."""
+        self._check_open()
+        return sorted(
+            {
+                topic
+                for topic in self._topics()
+                if os.path.isdir(os.path.join(self.directory, topic, SHARED_DIRECTORY))
+            }
+            | set(self._logs)
+        )
 
     def recover_tails(
         self,
@@ -179,7 +238,12 @@ class ConsumeQueueStore:
         if self.read_only:
             raise ReadOnlyStoreError("the ConsumeQueue store is open read-only")
         dropped, rebuild_from = 0, None
-        for topic, queue_id in self.existing_queues():
+        for topic in self._topics_with_logs():
+            topic_verify = partial(_verify_shared, verify, topic)
+            shared = self.shared_log(topic, lenient=True)
+            dropped += shared.recover_tail(commitlog_claim, commitlog_min, topic_verify)
+            self._forget_loaded(topic)
+        for topic, queue_id in self._queues_with_files():
             queue = self.queue(topic, queue_id)
             units, start = queue.recover_tail(
                 commitlog_claim,
@@ -200,14 +264,20 @@ class ConsumeQueueStore:
         """
         if self.read_only:
             raise ReadOnlyStoreError("the ConsumeQueue store is open read-only")
-        for topic, queue_id in self.existing_queues():
+        for topic in self._topics_with_logs():
+            self.shared_log(topic).truncate_beyond(commitlog_end)
+        for topic, queue_id in self._queues_with_files():
             self.queue(topic, queue_id).truncate_beyond_commitlog(commitlog_end)
 
     def correct_min_offsets(self, commitlog_min: int) -> None:
         """After retention: every queue's min offset becomes its first unit whose
         commitlog_offset is >= ``commitlog_min``; files wholly below it are deleted
-        (never a queue's newest file). Read-only: min offsets move, nothing is deleted."""
-        for topic, queue_id in self.existing_queues():
+        (never a queue's newest file, nor a shared log's). Read-only: min offsets move,
+        nothing is deleted."""
+        with self._ctx.lock:
+            for topic in self._topics_with_logs():
+                self.shared_log(topic).correct_min_offsets(commitlog_min)
+        for topic, queue_id in self._queues_with_files():
             self.queue(topic, queue_id).correct_min_offset(commitlog_min)
 
     def flush(self) -> None:
@@ -215,6 +285,9 @@ class ConsumeQueueStore:
         self._check_open()
         if not self.read_only:
             self._ctx.cache.flush()
+            with self._ctx.lock:
+                for shared in list(self._logs.values()):
+                    shared.flush()
 
     def close(self) -> None:
         """Flush (writer), then drop every mapping. Idempotent. Views handed out by
@@ -230,20 +303,46 @@ class ConsumeQueueStore:
         try:
             if not self.read_only:
                 self._ctx.cache.flush()
+                with self._ctx.lock:
+                    for shared in self._logs.values():
+                        shared.flush()
         finally:  # a failed flush still closes: the kernel writes the pages back later
             with self._ctx.lock:
                 self._ctx.closed = True
                 self._ctx.cache.close()
+                for shared in self._logs.values():
+                    shared.close()
+                self._logs.clear()
                 self._queues.clear()
 
     @property
     def open_files(self) -> int:
-        """Mapped files held by the cache now (each holds one file descriptor)."""
-        return len(self._ctx.cache)
+        """Mapped files held by the cache and the shared logs now (each holds one file
+        descriptor)."""
+        return len(self._ctx.cache) + sum(shared.open_files for shared in self._logs.values())
+
+    def _forget_loaded(self, topic: str) -> None:
+        """The topic's log was reopened: its queues take the new one and reload."""
+        shared = self._logs[topic]
+        for (queue_topic, _), queue in self._queues.items():
+            if queue_topic == topic:
+                queue._shared = shared
+                queue._loaded = False
 
     def _check_open(self) -> None:
         if self._ctx.closed:
             raise StoreClosedError("the ConsumeQueue store is closed")
+
+
+def _verify_shared(
+    verify: Callable[[str, int, int, int, int], bool],
+    topic: str,
+    queue_id: int,
+    commitlog_offset: int,
+    size: int,
+    queue_offset: int,
+) -> bool:
+    return verify(topic, queue_id, commitlog_offset, size, queue_offset)
 
 
 def _list_directory(path: str) -> list[str]:

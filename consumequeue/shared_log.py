@@ -40,6 +40,7 @@ import itertools
 import logging
 import mmap
 import os
+import zlib
 from array import array
 from collections.abc import Callable
 from typing import Final
@@ -49,6 +50,10 @@ import numpy as np
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
+    SHARED_END,
+    SHARED_ENDS_FILE,
+    SHARED_ENDS_HEADER,
+    SHARED_ENDS_MAGIC,
     SHARED_RECORD,
     SHARED_RECORD_SIZE_BYTES,
     SHARED_UNIT_VIEW,
@@ -57,6 +62,7 @@ from mqstore.consumequeue.format import (
     UNIT,
 )
 from mqstore.consumequeue.mapped_file import (
+    _wrap_os_error,
     create_file,
     make_directories,
     remove_file,
@@ -74,6 +80,8 @@ RESERVE_CHUNK_BYTES: Final = 1 << 20  # reserved ahead of the end: 26,214 record
 _SIZE_AT: Final = 8  # byte position of the size field in a record (tombstones zero it)
 assert SHARED_RECORD.fields is not None and SHARED_RECORD.fields["size"][1] == _SIZE_AT
 _FILE_NAME_FORMAT: Final = f"%0{FILE_NAME_DIGITS}d"
+FOLLOW_CHUNK_RECORDS: Final = 4096  # records a reader's follow() scans per step (160 KiB)
+ENDS_COUNT_MAX: Final = 1 << 31  # queue ids are int32: one entry each at most
 
 
 class SharedRun:
@@ -118,6 +126,7 @@ class SharedUnitLog:
         self._fd: int | None = None  # the newest file, for pwrite (writer)
         self._unsynced: set[int] = set()  # files written since the last flush
         self._directories_changed = False
+        self._ends: dict[int, int] = {}  # the ``ends`` file: queue id -> next offset
 
     @classmethod
     def open(
@@ -298,6 +307,18 @@ class SharedUnitLog:
             run.first_offset = offset
         run.min_offset = min(run.min_offset, run.end)
 
+    def restart_queue(self, queue_id: int, offset: int) -> None:
+        """Forget the queue's records (retention made them all unreadable, or its own
+        files take over from scratch): its run is empty and ends at ``offset``. The
+        records stay in the log; a reload takes the run after the queue's last break."""
+        assert not self.read_only
+        run = self.runs.get(queue_id)
+        if run is None:
+            return
+        if run.positions:
+            del run.positions[:]
+        run.first_offset = run.min_offset = offset
+
     def truncate_beyond(self, commitlog_end: int) -> int:
         """Drop every record whose commitlog offset is >= ``commitlog_end`` (a suffix).
 
@@ -449,9 +470,11 @@ class SharedUnitLog:
         indexes = self._list()
         self.runs = {}
         self._records.clear()
+        self._ends = self._read_ends()
         if not indexes:
             self._file_lo = self._file_hi = self._end = 0
             self._last_commitlog_offset = -1
+            self._seed_ends()
             return
         self._file_lo, self._file_hi = indexes[0], indexes[-1] + 1
         newest = self._file_hi - 1
@@ -509,6 +532,7 @@ class SharedUnitLog:
         self._last_commitlog_offset = int(clogs[-1]) if len(clogs) else -1
         written = np.flatnonzero(sizes != 0)
         if not len(written):
+            self._seed_ends()
             return
         queue_ids = np.concatenate([records["queue_id"] for _, records in parts])[written]
         queue_offsets = np.concatenate([records["queue_offset"] for _, records in parts])[written]
@@ -532,6 +556,14 @@ class SharedUnitLog:
             run = SharedRun(int(queue_offsets[first]))
             run.positions.frombytes(positions[first:high].astype(np.int64).tobytes())
             self.runs[int(queue_ids[low])] = run
+        self._seed_ends()
+
+    def _seed_ends(self) -> None:
+        """Queues the ``ends`` file remembers and the log holds nothing of: an empty
+        run at their next offset."""
+        for queue_id, next_offset in self._ends.items():
+            if queue_id not in self.runs:
+                self.runs[queue_id] = SharedRun(next_offset)
 
     def _first_record_at_or_above(self, commitlog_offset: int) -> int:
         for file_index in range(self._file_lo, self._file_hi):
@@ -595,6 +627,16 @@ class SharedUnitLog:
 
     # ----------------------------------------------------------------- retention
 
+    def correct_min_offset(self, queue_id: int, commitlog_min: int) -> None:
+        """Raise one run's min_offset past its units below ``commitlog_min`` (a
+        reader following the writer's retention; nothing is deleted)."""
+        run = self.runs.get(queue_id)
+        if run is None or not run.positions:
+            return
+        first_kept = self._first_record_at_or_above(commitlog_min)
+        below = bisect.bisect_left(run.positions, first_kept)
+        run.min_offset = max(run.min_offset, run.first_offset + below)
+
     def correct_min_offsets(self, commitlog_min: int) -> None:
         """Raise every run's min_offset past its units below ``commitlog_min``; delete
         the files wholly below it (never the newest). Read-only: min offsets only."""
@@ -604,7 +646,12 @@ class SharedUnitLog:
             run.min_offset = max(run.min_offset, run.first_offset + below)
         if self.read_only:
             return
-        while self._file_lo < self._file_hi - 1 and (self._file_lo + 1) * self._rpf <= first_kept:
+        floor_file = self._file_lo
+        while floor_file < self._file_hi - 1 and (floor_file + 1) * self._rpf <= first_kept:
+            floor_file += 1
+        if floor_file > self._file_lo:
+            self._remember_ends(floor_file * self._rpf)
+        while self._file_lo < floor_file:
             self._delete_file(self._file_lo)
         floor = self._file_lo * self._rpf
         for run in self.runs.values():
@@ -642,6 +689,123 @@ class SharedUnitLog:
         """Read-only: see what the writer appended, truncated or deleted since."""
         assert self.read_only
         self._load(check_order=False)
+
+    def follow(self) -> None:
+        """Read-only: take in the records the writer appended since the last look
+        (one record read when there are none); reload wholly when the writer cut the
+        log under us (its last record we know changed)."""
+        assert self.read_only
+        if self._end > 0 and not self._last_record_intact():
+            self.refresh()
+            return
+        while True:
+            file_index, in_file = divmod(self._end, self._rpf)
+            if file_index >= self._file_hi:
+                if not os.path.exists(self._path(file_index)):
+                    return
+                if self._file_lo == self._file_hi:
+                    self._file_lo = file_index
+                self._file_hi = file_index + 1
+            records = self._map(file_index)[in_file : in_file + FOLLOW_CHUNK_RECORDS]
+            used = (records["size"] != 0) | (records["commitlog_offset"] != 0)
+            taken = len(records) if used.all() else int(np.argmin(used))
+            if taken == 0:
+                return
+            self._take(records[:taken], self._end)
+            self._end += taken
+            self._last_commitlog_offset = int(records["commitlog_offset"][taken - 1])
+            if taken < len(records):
+                return
+
+    def _last_record_intact(self) -> bool:
+        file_index, in_file = divmod(self._end - 1, self._rpf)
+        if not self._file_lo <= file_index < self._file_hi:
+            return False
+        try:
+            record = self._map(file_index)[in_file]
+        except CorruptDataError:  # the file is gone
+            return False
+        return int(record["commitlog_offset"]) == self._last_commitlog_offset
+
+    def _take(self, records: np.ndarray, first: int) -> None:
+        """Add appended records to the runs (the rule of ``_build_runs``: a record
+        that does not continue its queue's run starts the run afresh)."""
+        runs = self.runs
+        for position, (size, queue_id, queue_offset) in enumerate(
+            zip(records["size"].tolist(), records["queue_id"].tolist(),
+                records["queue_offset"].tolist(), strict=True),
+            first,
+        ):  # fmt: skip
+            if size == 0:
+                continue
+            run = runs.get(queue_id)
+            if run is None or not run.positions or run.end != queue_offset:
+                run = runs[queue_id] = SharedRun(queue_offset)
+            run.positions.append(position)
+
+    def _ends_path(self) -> str:
+        return os.path.join(self.directory, SHARED_ENDS_FILE)
+
+    def _read_ends(self) -> dict[int, int]:
+        """The ``ends`` file (see format.py); {} when absent.
+
+        Raises:
+            CorruptDataError: a bad magic, count or checksum.
+        """
+        path = self._ends_path()
+        try:
+            with open(path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            return {}
+        if len(data) < SHARED_ENDS_HEADER.size:
+            raise CorruptDataError(path, 0, f"ends file of {len(data)} bytes has no header")
+        magic, count, crc = SHARED_ENDS_HEADER.unpack_from(data)
+        body = data[SHARED_ENDS_HEADER.size :]
+        if magic != SHARED_ENDS_MAGIC:
+            raise CorruptDataError(path, 0, f"bad ends magic 0x{magic:08x}")
+        if len(body) != count * SHARED_END.itemsize:
+            raise CorruptDataError(path, 4, f"{count} ends entries do not fit {len(body)} bytes")
+        if zlib.crc32(body) != crc:
+            raise CorruptDataError(path, 8, "ends entries do not match their checksum")
+        entries = np.frombuffer(body, dtype=SHARED_END)
+        if len(entries) and (entries["next_offset"].min() < 0 or entries["queue_id"].min() < 0):
+            raise CorruptDataError(path, SHARED_ENDS_HEADER.size, "negative ends entry")
+        return dict(zip(entries["queue_id"].tolist(), entries["next_offset"].tolist(), strict=True))
+
+    def _remember_ends(self, floor: int) -> None:
+        """Before records below ``floor`` are deleted: remember the next offset of
+        every queue that keeps none, durably (the file replaced atomically)."""
+        ends = {
+            queue_id: next_offset
+            for queue_id, next_offset in self._ends.items()
+            if not self.runs.get(queue_id, SharedRun(0)).positions
+            or self.runs[queue_id].positions[-1] < floor
+        }
+        for queue_id, run in self.runs.items():
+            if run.positions and run.positions[-1] < floor:
+                ends[queue_id] = run.end
+        if ends == self._ends:
+            return
+        assert len(ends) < ENDS_COUNT_MAX
+        entries = np.array(sorted(ends.items()), dtype=SHARED_END)
+        body = entries.tobytes()
+        data = SHARED_ENDS_HEADER.pack(SHARED_ENDS_MAGIC, len(entries), zlib.crc32(body)) + body
+        path = self._ends_path()
+        temporary = path + TEMP_SUFFIX
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                written = os.write(fd, data)
+                assert written == len(data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temporary, path)
+        except OSError as error:
+            raise _wrap_os_error(error, f"writing {path}") from error
+        sync_path(self.directory, directory=True)
+        self._ends = ends
 
     def _path(self, file_index: int) -> str:
         return os.path.join(self.directory, _FILE_NAME_FORMAT % (file_index * self._file_bytes))

@@ -28,6 +28,15 @@ Invariants:
 - Units are appended in the order given; the caller passes each queue's units in
   queue-offset order (as the CommitLog wrote them).
 - Without the C module, ``write`` is a loop of ``ConsumeQueue.put``.
+
+Shared queues (docs/QUEUES.md): a queue without own files keeps its units in its
+topic's shared unit log. Each slot caches the queue offset from which its units go
+to own files (``ConsumeQueue.append_limit``; -1 once it has them); a round's units
+below their slot's limit go first, per topic, to ``SharedUnitLog.append`` (one
+pwrite), in log order; a unit the log does not take (a re-put, a gap, commitlog
+order) goes through ``ConsumeQueue.put``, and the slot's limit is read again. The
+rest go to own files as above. The cached limits are re-read whenever a queue's run
+is cut or restarted (``QueueContext.shared_generation``).
 """
 
 from __future__ import annotations
@@ -88,6 +97,13 @@ class TailWriter:
         self._refs: list[tuple[MappedUnitFile, MappedTimeFile] | None] = []
         self._table = np.zeros((64, _COLUMNS), dtype=np.int64)
         self._generation = -1
+        self._sharing = queues.config.shared_units_max > 0
+        self._limits = np.full(64, -1, dtype=np.int64)  # per slot: see the module docstring
+        self._slot_queue_ids = np.zeros(64, dtype=np.int32)
+        self._slot_topics = np.zeros(64, dtype=np.int32)  # index into _topics
+        self._topics: list[str] = []
+        self._topic_index: dict[str, int] = {}
+        self._shared_generation = self._ctx.shared_generation
 
     def slot_of(self, topic: str, queue_id: int) -> int:
         """The slot of a queue (given one on first use)."""
@@ -110,7 +126,18 @@ class TailWriter:
             grown = np.zeros((2 * len(self._table), _COLUMNS), dtype=np.int64)
             grown[:slot] = self._table
             self._table = grown
+            self._limits = np.concatenate([self._limits, np.full(slot, -1, dtype=np.int64)])
+            self._slot_queue_ids = np.concatenate([self._slot_queue_ids, self._slot_queue_ids])
+            self._slot_topics = np.concatenate([self._slot_topics, self._slot_topics])
         self._slots[(topic, queue_id)] = slot
+        topic_index = self._topic_index.get(topic)
+        if topic_index is None:
+            topic_index = self._topic_index[topic] = len(self._topics)
+            self._topics.append(topic)
+        self._slot_queue_ids[slot] = queue_id
+        self._slot_topics[slot] = topic_index
+        if self._sharing:
+            self._limits[slot] = queue.append_limit()
         return slot
 
     def write(
@@ -131,6 +158,18 @@ class TailWriter:
             The errors of ``ConsumeQueue.put``, for the first unit that fails; the
             units before it are written.
         """
+        if self._sharing:
+            with self._ctx.lock:
+                own = self._write_shared(
+                    slots, queue_offsets, commitlog_offsets, sizes, tag_hashes, timestamps_ms
+                )
+            if own is not None:
+                slots, queue_offsets, commitlog_offsets = (
+                    slots[own],
+                    queue_offsets[own],
+                    commitlog_offsets[own],
+                )
+                sizes, tag_hashes, timestamps_ms = sizes[own], tag_hashes[own], timestamps_ms[own]
         count = len(slots)
         if NATIVE is None:
             for index in range(count):
@@ -161,6 +200,8 @@ class TailWriter:
                 if self._generation != self._ctx.cache.generation:
                     self._detach_all()
                 self._attach(slot)
+                if self._sharing:
+                    self._limits[slot] = self._queues[slot].append_limit()
                 start = stop + 1
 
     def forget(self, topic: str, queue_id: int) -> None:
@@ -169,6 +210,8 @@ class TailWriter:
         if slot is not None:
             self._table[slot, _UNITS_ADDR] = 0
             self._refs[slot] = None
+            if self._sharing:
+                self._limits[slot] = self._queues[slot].append_limit()
 
     def detach_all(self) -> None:
         """Let go of every file (before the queues change behind the dispatcher's
@@ -177,6 +220,51 @@ class TailWriter:
             self._detach_all()
 
     # ----------------------------------------------------------------- internals
+
+    def _write_shared(
+        self,
+        slots: np.ndarray,
+        queue_offsets: np.ndarray,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+        timestamps_ms: np.ndarray,
+    ) -> np.ndarray | None:
+        """Write the units below their slot's limit to the shared logs, per topic in
+        log order; return the indexes of the others (None: there were none here)."""
+        if self._shared_generation != self._ctx.shared_generation:
+            self._shared_generation = self._ctx.shared_generation
+            for slot, queue in enumerate(self._queues):
+                self._limits[slot] = queue.append_limit()
+        handled = np.zeros(len(slots), dtype=bool)
+        if not (queue_offsets < self._limits[slots]).any():
+            return None
+        # Each pass appends to one topic until its log stops; a stop costs one put.
+        # At most one pass per unit, so the loop is bounded by the round's length.
+        for _ in range(len(slots) + len(self._topics)):
+            pending = np.flatnonzero(~handled & (queue_offsets < self._limits[slots]))
+            if not len(pending):
+                break
+            topics = self._slot_topics[slots[pending]]
+            if topics.min() != topics.max():
+                pending = pending[topics == topics[0]]
+            topic = self._topics[int(topics[0])]
+            appended = self._store.shared_log(topic).append(
+                self._slot_queue_ids[slots[pending]], queue_offsets[pending],
+                commitlog_offsets[pending], sizes[pending], tag_hashes[pending],
+                timestamps_ms[pending],
+            )  # fmt: skip
+            handled[pending[:appended]] = True
+            if appended < len(pending):
+                stop = int(pending[appended])
+                slot = int(slots[stop])
+                self._queues[slot].put(
+                    int(queue_offsets[stop]), int(commitlog_offsets[stop]), int(sizes[stop]),
+                    int(tag_hashes[stop]), int(timestamps_ms[stop]),
+                )  # fmt: skip
+                handled[stop] = True
+                self._limits[slot] = self._queues[slot].append_limit()
+        return np.flatnonzero(~handled)
 
     def _publish(self, written: np.ndarray) -> None:
         """Tell the queues C wrote to their new tails, and mark their files dirty."""

@@ -569,6 +569,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             ):
                 del stats[name]
             stats.update(cli_verify.file_stats(args.store, store.commitlog.write_position))
+            stats["queues"] = len(store.consume_queues.existing_queues())  # shared ones too
     stats["files"], stats["bytes"] = cli_verify.tree_size(args.store)
     stats = {k: round(v, 1) if isinstance(v, float) else v for k, v in stats.items()}
     if args.json:

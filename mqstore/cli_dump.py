@@ -28,6 +28,7 @@ import json
 import mmap
 import os
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
@@ -50,6 +51,13 @@ from mqstore.commitlog.record import (
 )
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
+    SHARED_DIRECTORY,
+    SHARED_END,
+    SHARED_ENDS_FILE,
+    SHARED_ENDS_HEADER,
+    SHARED_ENDS_MAGIC,
+    SHARED_RECORD,
+    SHARED_RECORD_SIZE_BYTES,
     TIME_FILE_SUFFIX,
     TIME_HEADER,
     TIME_HEADER_SIZE_BYTES,
@@ -80,6 +88,8 @@ KINDS: Final = (
     "commitlog",
     "consumequeue",
     "consumequeue-time",
+    "consumequeue-shared",
+    "consumequeue-shared-ends",
     "index",
     "checkpoint",
     "segment-log",
@@ -273,6 +283,11 @@ def kind_of(path: str) -> str | None:
         return "commitlog"
     if is_digits(name, ix.FILE_NAME_DIGITS) and parent == "index":
         return "index"
+    if parent == SHARED_DIRECTORY:  # consumequeue/<topic>/.shared/
+        if is_digits(name, FILE_NAME_DIGITS):
+            return "consumequeue-shared"
+        if name == SHARED_ENDS_FILE:
+            return "consumequeue-shared-ends"
     queue_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
     if os.path.basename(queue_root) == "consumequeue":
         if is_digits(name, FILE_NAME_DIGITS):
@@ -315,6 +330,8 @@ def _dump_file(path: str, kind: str, print_data: bool) -> Iterator[Line]:
         "commitlog": _dump_commitlog,
         "consumequeue": _dump_units,
         "consumequeue-time": _dump_times,
+        "consumequeue-shared": _dump_shared,
+        "consumequeue-shared-ends": _dump_shared_ends,
         "index": dump_index,
         "checkpoint": _dump_checkpoint,
         "segment-log": _dump_batches,
@@ -474,6 +491,46 @@ def _dump_units(path: str, print_data: bool) -> Iterator[Line]:
             line["timestamp_ms"] = int(times[index])
         yield line
     yield {"units_per_file": len(units), "written_units": int(np.count_nonzero(units["size"]))}
+
+
+def _dump_shared(path: str, print_data: bool) -> Iterator[Line]:
+    """A topic's shared unit log (consumequeue/format.py): 40-byte records, each a
+    unit of one queue with its queue id, queue offset and time."""
+    data = read_bytes(path, 0, os.path.getsize(path))
+    if len(data) % SHARED_RECORD_SIZE_BYTES:
+        yield {"position": 0, "corrupt": f"size {len(data)} is not a multiple of 40"}
+        return
+    records = np.frombuffer(data, dtype=SHARED_RECORD)
+    for index in np.flatnonzero(records["size"] != 0).tolist():
+        record = records[index]
+        yield {
+            "position": index * SHARED_RECORD_SIZE_BYTES,
+            "queue_id": int(record["queue_id"]),
+            "queue_offset": int(record["queue_offset"]),
+            "commitlog_offset": int(record["commitlog_offset"]),
+            "size": int(record["size"]),
+            "tag_hash": int(record["tag_hash"]),
+            "timestamp_ms": int(record["timestamp_ms"]),
+        }
+    yield {"records_per_file": len(records), "written": int(np.count_nonzero(records["size"]))}
+
+
+def _dump_shared_ends(path: str, print_data: bool) -> Iterator[Line]:
+    """The next offsets a topic's shared log remembers for queues without records."""
+    data = read_bytes(path, 0, os.path.getsize(path))
+    if len(data) < SHARED_ENDS_HEADER.size:
+        yield {"position": 0, "corrupt": f"{len(data)} bytes: shorter than the header"}
+        return
+    magic, count, crc = SHARED_ENDS_HEADER.unpack_from(data)
+    entries = data[SHARED_ENDS_HEADER.size :]
+    if magic != SHARED_ENDS_MAGIC or len(entries) != count * SHARED_END.itemsize:
+        yield {"position": 0, "corrupt": f"bad header (magic {magic:#x}, count {count})"}
+        return
+    if zlib.crc32(entries) != crc:
+        yield {"position": SHARED_ENDS_HEADER.size, "corrupt": "crc32 of the entries mismatch"}
+        return
+    for entry in np.frombuffer(entries, dtype=SHARED_END):
+        yield {"queue_id": int(entry["queue_id"]), "next_offset": int(entry["next_offset"])}
 
 
 def companion_times(time_path: str, units_per_file: int) -> np.ndarray | None:

@@ -47,6 +47,8 @@ from mqstore.commitlog.errors import CorruptDataError
 from mqstore.commitlog.record import BLANK_SIZE, decode
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
+    SHARED_DIRECTORY,
+    SHARED_RECORD,
     TIME_FILE_SUFFIX,
     TIME_HEADER_SIZE_BYTES,
     UNIT,
@@ -220,11 +222,60 @@ def _verify_queues(
 ) -> None:
     unit_files = _queue_files(root)
     advance = progress("ConsumeQueue", len(unit_files))
-    report.counts["queues"] = len({(topic, queue) for topic, queue, _ in unit_files})
+    seen = {(topic, queue) for topic, queue, _ in unit_files}
     file_size = os.path.getsize(files.path(files.starts[0])) if files.starts else 0
     for topic, queue_id, path in unit_files:
         _verify_unit_file(topic, queue_id, path, files, file_size, report)
         advance(1)
+    queues = os.path.join(root, "consumequeue")
+    for topic in sorted(os.listdir(queues)) if os.path.isdir(queues) else []:
+        shared = os.path.join(queues, topic, SHARED_DIRECTORY)
+        if os.path.isdir(shared):
+            seen.update(_verify_shared_log(topic, shared, files, file_size, report))
+    report.counts["queues"] = len(seen)
+
+
+def _verify_shared_log(
+    topic: str, directory: str, files: _CommitLogFiles, file_size: int, report: VerifyReport
+) -> set[tuple[str, int]]:
+    """Check the records of a topic's shared unit log (consumequeue/format.py): each
+    written record against its CommitLog record, commitlog offsets increasing along
+    the log. The ``ends`` file is read by the store itself (it checks its checksum)."""
+    last_physical = -1
+    log_start = files.starts[0] if files.starts else 0
+    queues: set[tuple[str, int]] = set()
+    for name in sorted(os.listdir(directory)):
+        if not is_digits(name, FILE_NAME_DIGITS):
+            continue
+        path = os.path.join(directory, name)
+        data = read_bytes(path, 0, os.path.getsize(path))
+        if not data or len(data) % SHARED_RECORD.itemsize:
+            report.add(path, 0, f"size {len(data)} is not a positive multiple of 40")
+            continue
+        records = np.frombuffer(data, dtype=SHARED_RECORD)
+        written = np.flatnonzero(records["size"] != 0)
+        for index in written.tolist():
+            record = records[index]
+            physical, size = int(record["commitlog_offset"]), int(record["size"])
+            queue_id, queue_offset = int(record["queue_id"]), int(record["queue_offset"])
+            position = index * SHARED_RECORD.itemsize
+            report.counts["units"] += 1
+            queues.add((topic, queue_id))
+            if physical <= last_physical:
+                report.add(path, position, "CommitLog offsets do not increase here")
+            last_physical = physical
+            if physical < log_start:
+                report.counts["expired_units"] += 1
+                continue
+            reason = _unit_problem(
+                files, file_size, physical, size, topic, queue_id, queue_offset,
+                records["timestamp_ms"], index,
+            )  # fmt: skip
+            if reason:
+                report.add(
+                    path, position, f"shared unit {topic}/{queue_id}@{queue_offset}: {reason}"
+                )
+    return queues
 
 
 def _verify_unit_file(

@@ -215,6 +215,7 @@ class MessageStore(CommitLogEngine):
             ConsumeQueueConfig(
                 units_per_file=config.consumequeue_units_per_file,
                 max_open_files=config.consumequeue_max_open_files,
+                shared_units_max=config.consumequeue_shared_units_max,
             ),
             read_only=read_only,
         )

@@ -543,7 +543,7 @@ from mqstore import MessageStore, StoreConfig
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 FILE = 64 * 1024
-config = StoreConfig(prewarm=False, commitlog_file_size_bytes=FILE)
+config = StoreConfig(prewarm=False, commitlog_file_size_bytes=FILE, consumequeue_shared_units_max=0)
 root, extra = Path(sys.argv[1]), int(sys.argv[2])
 body = lambda i: bytes([i % 256]) * 1000
 with MessageStore.open(root, config) as store:

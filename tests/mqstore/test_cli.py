@@ -161,14 +161,25 @@ def test_newcomer_session(tmp_path: Path) -> None:
     assert "corrupt: checksum mismatch" in dumped
 
 
-def test_verify_checks_consumequeue_units_against_the_commitlog(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-log", "own-files"])
+def test_verify_checks_consumequeue_units_against_the_commitlog(
+    tmp_path: Path, shared: bool
+) -> None:
+    """A queue's first units live in its topic's shared log (the default), or in files
+    of its own from the first (consumequeue_shared_units_max=0)."""
     store = tmp_path / "store"
-    mqstore(store, "topics", "create", "t")
-    mqstore(store, "produce", "t", "--key", "k", stdin=b"a\nb\nc\n")
-    unit_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
-    flip_byte(unit_file, 20 + 8)  # unit 1: the size field
-    out = mqstore(store, "verify", code=2).stdout.decode()
-    assert f"corrupt: {unit_file} position 20: unit t/0@1: the record at CommitLog" in out
+    config = [] if shared else ["--config", "consumequeue_shared_units_max=0"]
+    mqstore(store, *config, "topics", "create", "t")
+    mqstore(store, *config, "produce", "t", "--key", "k", stdin=b"a\nb\nc\n")
+    if shared:
+        unit_file = store / "consumequeue" / "t" / ".shared" / f"{0:020d}"
+        position, label = 40, "shared unit t/0@1"
+    else:
+        unit_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+        position, label = 20, "unit t/0@1: the record at CommitLog"
+    flip_byte(unit_file, position + 8)  # unit 1: the size field
+    out = mqstore(store, *config, "verify", code=2).stdout.decode()
+    assert f"corrupt: {unit_file} position {position}: {label}" in out
     assert "1 problem(s)" in out
 
 
@@ -310,7 +321,7 @@ def test_a_profile_in_mqstore_config_yields_to_a_stores_layout(populated: Path) 
 
 
 def test_a_profile_in_mqstore_config_is_skipped_by_the_segmented_engine(tmp_path: Path) -> None:
-    pytest.importorskip("segmented")
+    pytest.importorskip("mqstore.segmented")
     env = {"MQSTORE_CONFIG": "profile=broker"}
     mqstore(tmp_path / "kafka", "--engine", "segmented", "topics", "create", "k", env=env)
 
@@ -477,7 +488,7 @@ def test_sigint_stops_follow_and_commits_the_group(populated: Path) -> None:
 def test_dump_decodes_every_file_of_a_store(populated: Path) -> None:
     lines = json_lines(mqstore(populated, "dump", str(populated), "--json"))
     kinds = {line["kind"] for line in lines if "kind" in line}
-    assert kinds == {"checkpoint", "commitlog", "consumequeue", "consumequeue-time", "index"}
+    assert kinds == {"checkpoint", "commitlog", "consumequeue-shared", "index"}
     units = [line for line in lines if "commitlog_offset" in line]
     assert len(units) == 20
     assert all(line["timestamp_ms"] > 0 for line in units)
@@ -486,6 +497,18 @@ def test_dump_decodes_every_file_of_a_store(populated: Path) -> None:
     [valid] = [line for line in lines if line.get("state") == "valid" and line["sequence"] > 1][:1]
     assert valid["dispatched_position"] == valid["flushed_position"] > 0
     assert not [line for line in lines if "corrupt" in line]
+
+
+def test_dump_decodes_queues_with_files_of_their_own(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    config = ["--config", "consumequeue_shared_units_max=0"]
+    mqstore(store, *config, "produce", "t", "--key", "k", stdin=b"a\nb\n")
+    lines = json_lines(mqstore(store, "dump", str(store / "consumequeue"), "--json"))
+    kinds = {line["kind"] for line in lines if "kind" in line}
+    assert kinds == {"consumequeue", "consumequeue-time"}
+    units = [line for line in lines if "commitlog_offset" in line]
+    assert [unit["queue_offset"] for unit in units] == [0, 1]
+    assert all(unit["timestamp_ms"] > 0 for unit in units)
 
 
 def test_dump_refuses_a_file_it_cannot_place(populated: Path) -> None:

@@ -42,6 +42,9 @@ from mqstore import (
 from tests.mqstore.conftest import SMALL
 
 CONFIG = StoreConfig(**SMALL)
+# "cq_shared": the same store with each queue's first 100 units in its topic's shared
+# unit log (consumequeue/<topic>/.shared/), the rest in files of its own.
+SHARED_CONFIG = StoreConfig(**{**SMALL, "consumequeue_shared_units_max": 100})
 QUEUES = 2
 MESSAGES = 600  # 300 per queue: two CommitLog files, several ConsumeQueue files
 KAFKA_RECORDS = 40
@@ -49,7 +52,10 @@ BORN_BASE_MS = 1_000_000
 # 12 seeds in the unit suite (about 4 s); a wider hunt, e.g. 112 seeds (about 30 s):
 # MQSTORE_CORRUPTION_SEEDS=112 pytest -s tests/mqstore/test_corruption.py
 SEEDS = range(int(os.environ.get("MQSTORE_CORRUPTION_SEEDS", "12")))
-KINDS = ("commitlog", "consumequeue", "cq_time", "index", "checkpoint", "topics", "offsets")
+KINDS = (
+    "commitlog", "consumequeue", "cq_time", "cq_shared", "index", "checkpoint", "topics",
+    "offsets",
+)  # fmt: skip
 DAMAGES = ("flip", "truncate", "zero")
 KEY_PROBE_STEP = 7  # query_by_key for every 7th message: 86 look-ups per case
 TIME_PROBES = tuple(range(0, 300, 13))  # offset_for_time: 0, 13, ..., 299 per queue
@@ -61,11 +67,26 @@ def _body(i: int) -> bytes:
     return b"message-%05d-" % i + bytes([i % 251]) * (i % 300)
 
 
+def _config_for(kind: str) -> StoreConfig:
+    return SHARED_CONFIG if kind == "cq_shared" else CONFIG
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """A closed store with known contents, built once."""
-    path = tmp_path_factory.mktemp("reference") / "store"
-    with MessageStore.open(path, CONFIG) as store:
+    return _build(tmp_path_factory.mktemp("reference") / "store", CONFIG)
+
+
+@pytest.fixture(scope="module")
+def shared_reference(tmp_path_factory):
+    """The same contents with the queues' first units in the shared unit log."""
+    path = _build(tmp_path_factory.mktemp("shared-reference") / "store", SHARED_CONFIG)
+    assert _files_of(path, "cq_shared"), "the shared log holds no file"
+    return path
+
+
+def _build(path: Path, config: StoreConfig) -> Path:
+    with MessageStore.open(path, config) as store:
         store.create_topic("k", partitions=QUEUES)
         for i in range(MESSAGES):
             store.put(
@@ -86,8 +107,11 @@ def reference(tmp_path_factory):
 def _files_of(root: Path, kind: str) -> list[Path]:
     if kind == "commitlog":
         return sorted((root / "commitlog").iterdir())
+    if kind == "cq_shared":
+        return sorted(p for p in (root / "consumequeue").glob("*/.shared/*") if p.name.isdigit())
     if kind in ("consumequeue", "cq_time"):
         files = sorted(p for p in (root / "consumequeue").rglob("*") if p.is_file())
+        files = [p for p in files if p.parent.name != ".shared"]
         return [p for p in files if p.name.endswith(".time") == (kind == "cq_time")]
     if kind == "index":
         return sorted((root / "index").iterdir())
@@ -213,15 +237,16 @@ def _check_committed(store: MessageStore) -> int:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("damage", DAMAGES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_damaged_file_is_recovered_or_refused(reference, tmp_path, caplog, kind, damage, seed):
+def test_damaged_file_is_recovered_or_refused(request, tmp_path, caplog, kind, damage, seed):
     root = tmp_path / "store"
-    shutil.copytree(reference, root)
+    source = request.getfixturevalue("shared_reference" if kind == "cq_shared" else "reference")
+    shutil.copytree(source, root)
     rng = random.Random(f"{kind}-{damage}-{seed}")
     victim = rng.choice(_files_of(root, kind))
     what = _damage(victim, damage, rng)
     caplog.set_level(logging.WARNING)
     try:
-        store = MessageStore.open(root, CONFIG)
+        store = MessageStore.open(root, _config_for(kind))
     except CorruptDataError as error:
         assert os.path.commonpath([error.path, str(root)]) == str(root), what
         assert isinstance(error.position, int)
@@ -307,7 +332,7 @@ def test_zz_outcome_counts():
     print(f"{'total':>13}: {dict(totals)} of {cases} cases")
     assert totals["misreported"] == 0, "a damaged file was misreported"
     assert totals["wrong_answer"] == 0, "a damaged file gave a wrong answer"
-    for kind in ("commitlog", "consumequeue", "topics", "offsets"):
+    for kind in ("commitlog", "consumequeue", "cq_shared", "topics", "offsets"):
         assert OUTCOMES[(kind, "unaffected")] < len(DAMAGES) * len(SEEDS), kind
 
 

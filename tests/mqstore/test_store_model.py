@@ -33,9 +33,15 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.path = tempfile.mkdtemp(prefix="mqstore-model-")
-        # Tiny index slots force collisions; small files force rolling.
+        # Tiny index slots force collisions; small files force rolling; a queue's
+        # first 5 units go to its topic's shared log, the rest to files of its own.
         self.config = StoreConfig(
-            **{**SMALL, "index_slot_count": 3, "commitlog_file_size_bytes": 64 * 1024}
+            **{
+                **SMALL,
+                "index_slot_count": 3,
+                "commitlog_file_size_bytes": 64 * 1024,
+                "consumequeue_shared_units_max": 5,
+            }
         )
         self.clock = 1_000_000
         self.store = MessageStore.open(self.path, self.config, clock_ms=self.now)
