@@ -128,16 +128,27 @@ def run_sqlite(directory: str, window_s: float, synchronous: str) -> dict[str, f
 # ---------------------------------------------------------------------- lmdb
 
 
-def run_lmdb(directory: str, window_s: float, sync: bool) -> dict[str, float]:
-    single = lmdb.open(f"{directory}/single", map_size=LMDB_MAP_BYTES, sync=sync)
+def open_lmdb(path: str, sync: bool, writemap: bool = False) -> lmdb.Environment:
+    """An lmdb environment as the peers use it (``writemap``: writes go through a
+    shared writable mapping, lmdb's fastest per-commit form)."""
+    return lmdb.open(path, map_size=LMDB_MAP_BYTES, sync=sync, writemap=writemap)
+
+
+def lmdb_put_one(env: lmdb.Environment) -> Callable[[int], None]:
+    """lmdb's per-message form: one write transaction (one commit) per message."""
 
     def put_one(i: int) -> None:
-        with single.begin(write=True) as txn:
+        with env.begin(write=True) as txn:
             txn.put(i.to_bytes(8, "big"), VALUE, append=True)
 
-    rate, _ = _timed(window_s, MAX_SINGLE, put_one)
+    return put_one
+
+
+def run_lmdb(directory: str, window_s: float, sync: bool) -> dict[str, float]:
+    single = open_lmdb(f"{directory}/single", sync)
+    rate, _ = _timed(window_s, MAX_SINGLE, lmdb_put_one(single))
     single.close()
-    env = lmdb.open(f"{directory}/batch", map_size=LMDB_MAP_BYTES, sync=sync)
+    env = open_lmdb(f"{directory}/batch", sync)
 
     def put_batch(b: int) -> None:
         base = b * BATCH

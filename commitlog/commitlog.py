@@ -1,9 +1,13 @@
 """The CommitLog: one append-only log of fixed-size mapped files for every topic.
 
 Invariants:
-- Records are appended under one lock. Inside it the store timestamp is taken (and
-  never decreases in file order), the queue offset of (topic, queue_id) is assigned
-  (dense from 0), and the record is written at the write position.
+- Records are appended under one lock (``_lock``). Inside it the store timestamp is
+  taken (and never decreases in file order), the queue offset of (topic, queue_id) is
+  assigned (dense from 0), and the record is written at the write position. The
+  append state lives in an Appender (commitlog/appender.py, which also argues why
+  the one lock covers it): a record with nothing rare about it is appended by one
+  call of it (C when built); the rest (a roll, a queue not loaded yet, anything to
+  refuse) take the general path here, under the same lock.
 - A record never spans two files. When it does not fit with room for a blank
   record, the rest of the file becomes an end-of-file blank record and writing rolls
   to the next file, which the allocation service has already prepared: it is
@@ -17,7 +21,7 @@ position, a record boundary), verifying every checksum, and stop at the first
 record that does not verify. That is the end of the log: the rest of its file is
 zeroed and every later file removed, so a torn or stale record can never be read
 back. The scan is bounded by the checkpoint, so restart time does not grow with the
-log.
+log (commitlog/recovery.py).
 """
 
 from __future__ import annotations
@@ -27,19 +31,35 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, NoReturn, cast
+from typing import Any, NoReturn
 
 import attrs
 import numpy as np
 
 from mqstore.commitlog.allocator import AllocationService
+from mqstore.commitlog.appender import (
+    FEED_ENTRIES_MAX,
+    QUEUE_ID_MAX,
+    AppendResult,
+    BatchFeed,
+    FeedEntry,
+    new_append_lock,
+    new_appender,
+)
+from mqstore.commitlog.batch import (
+    BATCH_MESSAGES_MAX,
+    PreparedBatch,
+    check_queue_id,
+    check_timestamp,
+    prepare_batch,
+    prepare_slices,
+)
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.durable import fsync_directory, makedirs_durable
 from mqstore.commitlog.errors import (
     CorruptDataError,
     DiskFullError,
     FlushFailedError,
-    InvalidArgumentError,
     InvalidTypeError,
     LimitExceededError,
     OffsetOutOfRangeError,
@@ -53,71 +73,31 @@ from mqstore.commitlog.record import (
     BLANK_SIZE,
     FLAG_NULL_BODY,
     HEADER_SIZE,
-    SCAN_INVALID,
-    SCAN_LIMIT,
-    SCAN_ZEROS,
     Record,
-    check_bodies,
     decode,
     encode_blank_into,
-    encode_bodies,
     encode_into,
     encode_keys,
     encode_properties,
-    encode_run,
-    encode_slices,
     encode_tag,
-    scan_records,
     validate_topic,
 )
+from mqstore.commitlog.recovery import scan_log
 
-__all__ = ["AppendResult", "BatchAppendResult", "BatchFeed", "CommitLog", "FeedEntry"]
+__all__ = [
+    "BATCH_MESSAGES_MAX",
+    "FEED_ENTRIES_MAX",
+    "AppendResult",
+    "BatchAppendResult",
+    "BatchFeed",
+    "CommitLog",
+    "FeedEntry",
+]
 
 log = logging.getLogger(__name__)
 
-QUEUE_ID_MAX = 2**31 - 1
-BATCH_MESSAGES_MAX = 1 << 20  # one batch holds the append lock; bound how long
 _NOT_ARMED = 1 << 62  # a prepare-next threshold no write position reaches
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-
-
-class AppendResult(NamedTuple):
-    """Where one appended record landed. A NamedTuple: immutable, named, and cheap to
-    build on the per-message path (an attrs frozen class costs 2x here)."""
-
-    physical_offset: int
-    queue_offset: int
-    store_timestamp_ms: int
-    size: int
-
-
-_new_result = tuple.__new__  # builds a NamedTuple without its Python-level __new__
-
-SCAN_ROWS = 1 << 16  # records verified per scan_records call in recovery
-FEED_ENTRIES_MAX = 1 << 16  # appends kept for the dispatcher; past it, it reads the log
-
-
-class BatchFeed(NamedTuple):
-    """One append_batch as the dispatcher sees it (``encoded`` from _encode_batch)."""
-
-    positions: np.ndarray
-    sizes: np.ndarray
-    topic: str
-    queue_id: int
-    first_queue_offset: int
-    store_ts_ms: int
-    #: Per-record (size, flags, tag, keys, properties, body, born) from _encode_batch;
-    #: None for a plain batch (bodies only), whose records share ``tag`` and
-    #: ``born_ts_ms`` (None: the store timestamp) and carry no keys.
-    encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None
-    tag: bytes = b""
-    born_ts_ms: np.ndarray | int | None = None  # an array: one per record (append_slices)
-
-
-#: What the dispatcher gets per append: a BatchFeed, or for one record the tuple
-#: (position, size, topic, queue_id, queue_offset, born_ts_ms, store_ts_ms, tag, keys)
-#: with tag and keys as their encoded bytes. It saves re-parsing what was just written.
-FeedEntry = Any
 
 
 @attrs.frozen
@@ -154,26 +134,28 @@ class CommitLog:
         self._syncer = syncer or MappedFile.flush
         self._clock_ms = clock_ms  # None: the wall clock, read inline on the hot path
         self._files = MappedFileQueue(directory, config.file_size_bytes, read_only)
-        self._lock = threading.Lock()
+        self._lock = new_append_lock()  # the one append lock: see commitlog/appender.py
         self._flush_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
         self._queue_offset_loader: Callable[[str, int], int] | None = None
-        self._write_position = 0
+        # The append state (write position, newest store timestamp, current file,
+        # prepare-next threshold, feed) lives in the appender, read and set under _lock.
+        self._appender = new_appender(self._lock, self._queue_offsets)
+        self._appender.record_size_limit = config.record_size_limit_bytes
+        self._appender.clock = clock_ms
+        self._appender.prepare_next_at = _NOT_ARMED
+        self._append_common = self._appender.append  # bound once: the per-message path
         self._flushed_position = 0
-        self._last_store_ts_ms = 0
         self._flushed_mark = (0, 0)  # (flushed_position, store ts of the record before it)
         self._failure: FlushFailedError | None = None
         self._current: MappedFile | None = None
         self._allocator: AllocationService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
-        self._append_listener: Callable[[], None] | None = None
+        self._group_commit: GroupCommitService | None = None  # the flusher in sync mode
+        self._listener: Callable[[], None] | None = None  # see set_append_listener
         self._reject_reason: str | None = None
-        self._feed: list[FeedEntry] | None = None
         self._feed_start = 0
-        self._feed_overflow = False
         self._record_size_limit_bytes = config.record_size_limit_bytes
-        # Write position past which the next file is requested (_arm_prepare_next).
-        self._prepare_next_at = _NOT_ARMED
         self._closed = False
         self._sealed = False
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
@@ -216,7 +198,7 @@ class CommitLog:
             makedirs_durable(directory)
         commitlog = cls(directory, config, read_only, syncer, clock_ms)
         commitlog._queue_offset_loader = queue_offset_loader
-        commitlog._last_store_ts_ms = max(0, store_ts_floor_ms)
+        commitlog._appender.last_store_ts_ms = max(0, store_ts_floor_ms)
         try:
             commitlog._files.load()
             commitlog._recover(recover_from)
@@ -236,11 +218,13 @@ class CommitLog:
             config.mlock,
             write_back=config.flush_mode == "sync",
         )
-        if self._current is None or self._write_position == self._current_end():
-            self._current = self._take_file(self._write_position)
+        if self._current is None or self._appender.write_position == self._current_end():
+            self._set_current(self._take_file(self._appender.write_position))
         self._arm_prepare_next()
         if config.flush_mode == "sync":
-            self._flusher = GroupCommitService(self, config.sync_flush_timeout_ms)
+            self._flusher = self._group_commit = GroupCommitService(
+                self, config.sync_flush_timeout_ms
+            )
         else:
             self._flusher = AsyncFlushService(
                 self,
@@ -248,13 +232,25 @@ class CommitLog:
                 config.flush_least_pages,
                 config.flush_thorough_interval_ms,
             )
+        self._update_accepting()
+
+    def _update_accepting(self) -> None:
+        """Tell the appender whether appends may go ahead: not when closed, sealed,
+        read-only, rejected or poisoned (the general path raises the error then)."""
+        self._appender.accepting = (
+            not self._sealed
+            and not self.read_only
+            and self._failure is None
+            and self._reject_reason is None
+        )
 
     def seal(self) -> None:
         """Refuse further appends and flush what was appended; reads still work."""
         with self._lock:
             self._sealed = True
+            self._update_accepting()
         if not self.read_only and self._failure is None:
-            self.flush_to(self._write_position)
+            self.flush_to(self._appender.write_position)
 
     def close(self) -> None:
         """Flush everything, stop the services and unmap the files. A poisoned log
@@ -265,35 +261,43 @@ class CommitLog:
         with self._lock:
             self._closed = True
             self._sealed = True
+            self._update_accepting()
         try:
             if self._flusher is not None:
                 self._flusher.close()
             if self._allocator is not None:
                 self._allocator.close()
             if not self.read_only and self._failure is None:
-                self.flush_to(self._write_position)
+                self.flush_to(self._appender.write_position)
         finally:
-            self._files.close()
+            self._release_files()
+
+    def _release_files(self) -> None:
+        with self._lock:
+            self._set_current(None)
+            self._appender.listener = self._listener = None  # no cycle via the dispatcher
+        self._files.close()
 
     def _crash(self) -> None:
         """Stop the services without the final flush (fault tests only)."""
         with self._lock:
             self._closed = True
             self._sealed = True
+            self._update_accepting()
         if self._allocator is not None:
             self._allocator.close()
         if self._flusher is not None:
             self._flusher.close()  # the async loop exits without a last flush
         self._flusher = None
         self.read_only = True  # a later close() must not flush
-        self._files.close()
+        self._release_files()
 
     # ------------------------------------------------------------------ recovery
 
     def _recover(self, recover_from: int | None) -> None:
         files = self._files
         if not files.files:
-            self._write_position = self._flushed_position = recover_from or 0
+            self._appender.write_position = self._flushed_position = recover_from or 0
             if recover_from:
                 raise CorruptDataError(
                     self.directory, recover_from, "checkpoint points into an empty CommitLog"
@@ -307,91 +311,25 @@ class CommitLog:
             )
         # Records past the start may not be in the ConsumeQueue yet: the queue-offset
         # table must already count them when the first append asks for an offset.
-        self._scan_columns(start)
-        end = self._scan_end
-        self._write_position = end
+        appender = self._appender
+        end, appender.last_store_ts_ms = scan_log(
+            files, start, self._queue_offsets, appender.last_store_ts_ms
+        )
+        appender.write_position = end
         self._flushed_position = end
-        self._flushed_mark = (end, self._last_store_ts_ms)
+        self._flushed_mark = (end, appender.last_store_ts_ms)
         if self.read_only:
             return
         self._truncate_after(end)
         if self._current is not None:
             self._syncer(self._current)
 
-    def _scan_columns(self, start: int) -> None:
-        """Verify records from ``start``, a run per call (C when built;
-        ``scan_records``), and take from their columns what recovery needs: every
-        queue's next offset and the newest store timestamp. The scan stops at zeros
-        (the unwritten rest of a file), at a record that does not verify, or at the
-        end of the files; a blank record moves it to the next file. Leaves the end in
-        ``_scan_end``, with no Record built per record."""
-        files = self._files
-        capacity = SCAN_ROWS
-        positions = np.empty(capacity, dtype=np.int64)
-        sizes = np.empty(capacity, dtype=np.int32)
-        queue_offsets = np.empty(capacity, dtype=np.int64)
-        queue_ids = np.empty(capacity, dtype=np.int32)
-        stamps = np.empty(capacity, dtype=np.int64)
-        topic_lens = np.empty(capacity, dtype=np.uint8)
-        topic_hashes = np.empty(capacity, dtype=np.uint64)
-        position = start
-        self._scan_end = start
-        while True:
-            try:
-                mapped = files.find(position)
-            except OffsetOutOfRangeError:
-                return
-            in_file = position - mapped.start_offset
-            end, count, status = scan_records(
-                mapped.mapping, in_file, mapped.size_bytes, mapped.start_offset, positions,
-                sizes, queue_offsets, queue_ids, stamps, topic_lens, topic_hashes,
-            )  # fmt: skip
-            if count:
-                self._absorb(mapped, count, positions, queue_offsets, queue_ids, stamps,
-                             topic_lens, topic_hashes)  # fmt: skip
-            position = mapped.start_offset + end
-            self._scan_end = position
-            if status == SCAN_INVALID:
-                try:  # the reason, for the log
-                    decode(mapped.mapping, end, mapped.size_bytes, mapped.path, mapped.start_offset)
-                except CorruptDataError as error:
-                    log.warning("CommitLog ends at %d: %s", position, error)
-                return
-            if status in (SCAN_ZEROS, SCAN_LIMIT):
-                return
-            # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
-
-    def _absorb(
-        self, mapped: MappedFile, count: int, positions: np.ndarray, queue_offsets: np.ndarray,
-        queue_ids: np.ndarray, stamps: np.ndarray, topic_lens: np.ndarray,
-        topic_hashes: np.ndarray,
-    ) -> None:  # fmt: skip
-        """Fold a run of scanned records into the queue-offset table (one Python step
-        per queue, not per record) and the newest store timestamp."""
-        hashes, ids, offsets = topic_hashes[:count], queue_ids[:count], queue_offsets[:count]
-        order = np.lexsort((offsets, ids, hashes))
-        hashes, ids = hashes[order], ids[order]
-        last = np.flatnonzero(
-            np.append((hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1]), True)
-        )  # the last row of each (topic, queue) group holds its highest offset
-        table = self._queue_offsets
-        for row in order[last].tolist():
-            at = int(positions[row]) + HEADER_SIZE
-            topic = str(mapped.mapping[at : at + int(topic_lens[row])], "ascii")
-            key = (topic, int(queue_ids[row]))
-            offset = int(queue_offsets[row])
-            if offset >= table.get(key, 0):
-                table[key] = offset + 1
-        newest = int(stamps[:count].max())
-        if newest > self._last_store_ts_ms:
-            self._last_store_ts_ms = newest
-
     def _truncate_after(self, end: int) -> None:
         """Zero the current file past ``end`` and remove every later file."""
         self._files.remove_after(end)
         last = self._files.last
         if last is None or end >= last.start_offset + last.size_bytes:
-            self._current = None
+            self._set_current(None)
             return
         assert last.start_offset <= end
         zeroed = last.zero_from(end - last.start_offset)
@@ -399,21 +337,23 @@ class CommitLog:
             log.warning(
                 "zeroed %d bytes of %s past the end of the log at %d", zeroed, last.path, end
             )
-        self._current = last
+        self._set_current(last)
 
     # ------------------------------------------------------------------ append
 
     def set_append_listener(self, listener: Callable[[], None] | None) -> None:
-        """Called (outside the lock) after every append and every flush: the
-        dispatcher's wake-up."""
-        self._append_listener = listener
+        """Called (outside the lock) after every flush, and in async flush mode after
+        every append: the dispatcher's wake-up when bytes become readable. (In sync
+        mode an append is readable once flushed: waking anyone before is wasted.)"""
+        self._listener = listener
+        self._appender.listener = listener if self._group_commit is None else None
 
     def enable_feed(self) -> None:
         """Start keeping, for the dispatcher, what each append wrote (see FeedEntry)."""
         with self._lock:
-            self._feed = []
-            self._feed_start = self._write_position
-            self._feed_overflow = False
+            self._appender.feed = []
+            self._feed_start = self._appender.write_position
+            self._appender.feed_overflow = False
 
     def take_feed(self) -> tuple[int, list[FeedEntry], int]:
         """Hand over the appends kept since the last call.
@@ -425,16 +365,21 @@ class CommitLog:
             the log itself.
         """
         with self._lock:
-            start, entries, stop = self._feed_start, self._feed, self._write_position
+            start, entries, stop = (
+                self._feed_start,
+                self._appender.feed,
+                self._appender.write_position,
+            )
             assert entries is not None, "enable_feed() first"
-            self._feed = []
+            self._appender.feed = []
             self._feed_start = stop
-            self._feed_overflow = False
+            self._appender.feed_overflow = False
         return start, entries, stop
 
     def reject_writes(self, reason: str | None) -> None:
         """Refuse appends with DiskFullError while ``reason`` is set (disk watermark)."""
         self._reject_reason = reason
+        self._update_accepting()
 
     def append(
         self,
@@ -458,9 +403,30 @@ class CommitLog:
             DiskFullError: no room for the next file, or writes are rejected.
             FlushTimeoutError: sync flush mode, and the bytes did not become durable.
         """
+        if not keys and not properties:  # the common case: one C call when built
+            result = self._append_common(topic, queue_id, body, tag, born_ts_ms, b"", b"")
+            if result is None:
+                return self._append_general(topic, queue_id, body, keys, tag, properties,
+                                            born_ts_ms)  # fmt: skip
+        else:
+            return self._append_general(topic, queue_id, body, keys, tag, properties, born_ts_ms)
+        group_commit = self._group_commit
+        if group_commit is not None:
+            group_commit.wait_durable(result[0] + result[3])
+        return result
+
+    def _append_general(
+        self, topic: str, queue_id: int, body: bytes | bytearray | memoryview | None,
+        keys: Sequence[str] | str | None, tag: str | None, properties: Any,
+        born_ts_ms: int | None,
+    ) -> AppendResult:  # fmt: skip
+        """``append`` for what the appender leaves to Python: validate (raising the
+        typed errors), encode keys and properties, then let the appender try again
+        and, where it cannot, append under the lock here."""
         topic_bytes = validate_topic(topic)
         if type(queue_id) is not int or not 0 <= queue_id <= QUEUE_ID_MAX:
-            _check_queue_id(queue_id)
+            check_queue_id(queue_id)
+        given = body
         flags = 0
         if type(body) is not bytes:
             if body is None:
@@ -484,18 +450,33 @@ class CommitLog:
                 f"record of {size} bytes exceeds the limit of {self._record_size_limit_bytes}"
             )
         if born_ts_ms is not None:
-            _check_timestamp(born_ts_ms)
+            check_timestamp(born_ts_ms)
+        result = self._append_common(topic, queue_id, given, tag, born_ts_ms, keys_bytes,
+                                     properties_bytes)  # fmt: skip
+        if result is None:
+            sections = (flags, topic_bytes, tag_bytes, keys_bytes, properties_bytes, body)
+            result = self._append_locked(topic, queue_id, size, born_ts_ms, sections)
+        group_commit = self._group_commit
+        if group_commit is not None:
+            group_commit.wait_durable(result[0] + result[3])
+        return result
+
+    def _append_locked(
+        self, topic: str, queue_id: int, size: int, born_ts_ms: int | None,
+        sections: tuple[int, bytes, bytes, bytes, bytes, Any],
+    ) -> AppendResult:  # fmt: skip
+        """One validated record, under the lock: loads the queue's offset, rolls the
+        file, requests the next one, raises for a log that refuses appends."""
+        flags, topic_bytes, tag_bytes, keys_bytes, properties_bytes, body = sections
         key = (topic, queue_id)
+        appender = self._appender
         with self._lock:
             self._check_writable()
             queue_offset = self._queue_offsets.get(key)
             if queue_offset is None:
                 queue_offset = self._load_queue_offset(topic, queue_id)
-            clock = self._clock_ms
-            store_ts_ms = _time_ns() // 1_000_000 if clock is None else clock()
-            if store_ts_ms < self._last_store_ts_ms:
-                store_ts_ms = self._last_store_ts_ms
-            position = self._write_position
+            store_ts_ms = max(self.now_ms(), appender.last_store_ts_ms)
+            position = appender.write_position
             current = self._current
             assert current is not None
             in_file = position - current.start_offset
@@ -503,33 +484,27 @@ class CommitLog:
                 current = self._roll(in_file)
                 position = current.start_offset
                 in_file = 0
+            born = store_ts_ms if born_ts_ms is None else born_ts_ms
             encode_into(
-                current.mapping, in_file, position, size, queue_offset,
-                store_ts_ms if born_ts_ms is None else born_ts_ms, store_ts_ms,
+                current.mapping, in_file, position, size, queue_offset, born, store_ts_ms,
                 queue_id, flags, topic_bytes, tag_bytes, keys_bytes, properties_bytes, body,
             )  # fmt: skip
             self._queue_offsets[key] = queue_offset + 1
-            self._write_position = position + size
-            self._last_store_ts_ms = store_ts_ms
-            if position + size >= self._prepare_next_at:
+            appender.write_position = position + size
+            appender.last_store_ts_ms = store_ts_ms
+            if position + size >= appender.prepare_next_at:
                 self._prepare_next()
-            feed = self._feed
-            if feed is not None and not self._feed_overflow:
+            feed = appender.feed
+            if feed is not None and not appender.feed_overflow:
                 if len(feed) < FEED_ENTRIES_MAX:
-                    feed.append(
-                        (position, size, topic, queue_id, queue_offset,
-                         store_ts_ms if born_ts_ms is None else born_ts_ms, store_ts_ms,
-                         tag_bytes, keys_bytes)
-                    )  # fmt: skip
+                    feed.append((position, size, topic, queue_id, queue_offset, born,
+                                 store_ts_ms, tag_bytes, keys_bytes))  # fmt: skip
                 else:
-                    self._feed_overflow = True
-        listener = self._append_listener
+                    appender.feed_overflow = True
+        listener = appender.listener
         if listener is not None:
             listener()
-        flusher = self._flusher
-        if type(flusher) is GroupCommitService:
-            flusher.wait_durable(position + size)
-        return _new_result(AppendResult, (position, queue_offset, store_ts_ms, size))
+        return AppendResult(position, queue_offset, store_ts_ms, size)
 
     def append_batch(
         self,
@@ -552,62 +527,11 @@ class CommitLog:
         Raises:
             The errors of ``append``; nothing is appended if any record is invalid.
         """
-        topic_bytes = validate_topic(topic)
-        _check_queue_id(queue_id)
-        count = len(bodies)
-        if count > BATCH_MESSAGES_MAX:
-            raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
-        plain = (
-            keys is None
-            and properties is None
-            and (tags is None or isinstance(tags, str))
-            and (born_ts_ms is None or isinstance(born_ts_ms, int))
-            and type(bodies) is list
-        )
-        encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None = None
-        shared_tag = b""
-        plain_bodies: list[Any] = []
-        plain_born = cast("int | None", born_ts_ms)
-        if plain:
-            # Bodies only (the common batch): validated and encoded in C, no tuple each.
-            plain_bodies = cast("list[Any]", bodies)
-            shared_tag = encode_tag(cast("str | None", tags))
-            if plain_born is not None:
-                _check_timestamp(plain_born)
-            sizes = np.empty(count, dtype=np.int32)
-            fixed = HEADER_SIZE + len(topic_bytes) + len(shared_tag)
-            bad = check_bodies(plain_bodies, fixed, self.config.record_size_limit_bytes, sizes)
-            if bad >= 0:
-                body = plain_bodies[bad]
-                if body is not None and not isinstance(body, _BYTES_LIKE):
-                    raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
-                raise LimitExceededError(
-                    f"record {bad} of {fixed + len(body or b'')} bytes exceeds the limit of "
-                    f"{self.config.record_size_limit_bytes}"
-                )
-        else:
-            encoded = self._encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms)
-            sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
-
-        def encode(
-            mapping: Any, in_file: int, file_size: int, position: int, queue_offset: int,
-            store_ts_ms: int, done: int, positions: Any,
-        ) -> int:  # fmt: skip
-            if encoded is None:
-                return int(encode_bodies(
-                    mapping, in_file, file_size, position, queue_offset, store_ts_ms,
-                    store_ts_ms if plain_born is None else plain_born, queue_id, topic_bytes,
-                    shared_tag, plain_bodies, done, positions,
-                ))  # fmt: skip
-            return int(encode_run(
-                mapping, in_file, file_size, position, queue_offset, store_ts_ms, queue_id,
-                topic_bytes, encoded, done, positions,
-            ))  # fmt: skip
-
-        return self._append_encoded(
-            topic, queue_id, sizes, encode, encoded, shared_tag,
-            plain_born if encoded is None else None,
+        batch = prepare_batch(
+            topic, queue_id, bodies, keys, tags, properties, born_ts_ms,
+            self._record_size_limit_bytes,
         )  # fmt: skip
+        return self._append_encoded(topic, queue_id, batch)
 
     def append_slices(
         self,
@@ -629,78 +553,16 @@ class CommitLog:
             The errors of ``append_batch``; InvalidArgumentError for offsets that are
             not non-decreasing within ``data``, or arrays of the wrong length.
         """
-        topic_bytes = validate_topic(topic)
-        _check_queue_id(queue_id)
-        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        if offsets.ndim != 1 or len(offsets) < 1:
-            raise InvalidArgumentError("offsets must be a 1-D array of count + 1 positions")
-        count = len(offsets) - 1
-        if count > BATCH_MESSAGES_MAX:
-            raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
-        data_len = memoryview(data).nbytes
-        lengths = np.diff(offsets)
-        if count and (offsets[0] < 0 or offsets[-1] > data_len or lengths.min() < 0):
-            raise InvalidArgumentError("offsets must increase within the data buffer")
-        null_flags: np.ndarray | None = None
-        if nulls is not None:
-            null_flags = np.ascontiguousarray(nulls, dtype=np.uint8)
-            if null_flags.shape != (count,):
-                raise InvalidArgumentError(f"nulls has {len(null_flags)} items for {count} bodies")
-            lengths = np.where(null_flags != 0, 0, lengths)
-        borns: np.ndarray | None = None
-        born_all: int | None = None
-        if isinstance(born_ts_ms, np.ndarray):
-            borns = np.ascontiguousarray(born_ts_ms, dtype=np.int64)
-            if borns.shape != (count,):
-                raise InvalidArgumentError(f"born_ts_ms has {len(borns)} items for {count} bodies")
-            if count and borns.min() < 0:
-                raise InvalidArgumentError("born timestamps must be >= 0")
-        elif born_ts_ms is not None:
-            _check_timestamp(born_ts_ms)
-            born_all = born_ts_ms
-        tag_bytes = encode_tag(tag)
-        sizes64 = HEADER_SIZE + len(topic_bytes) + len(tag_bytes) + lengths
-        limit = self.config.record_size_limit_bytes
-        if count and sizes64.max() > limit:
-            bad = int(np.argmax(sizes64 > limit))
-            raise LimitExceededError(
-                f"record {bad} of {int(sizes64[bad])} bytes exceeds the limit of {limit}"
-            )
-        sizes = sizes64.astype(np.int32)
-
-        def encode(
-            mapping: Any, in_file: int, file_size: int, position: int, queue_offset: int,
-            store_ts_ms: int, done: int, positions: Any,
-        ) -> int:  # fmt: skip
-            return int(encode_slices(
-                mapping, in_file, file_size, position, queue_offset, store_ts_ms,
-                store_ts_ms if born_all is None else born_all, queue_id, topic_bytes,
-                tag_bytes, offsets, data, null_flags, borns, done, positions,
-            ))  # fmt: skip
-
-        return self._append_encoded(
-            topic,
-            queue_id,
-            sizes,
-            encode,
-            None,
-            tag_bytes,
-            borns if borns is not None else born_all,
+        batch = prepare_slices(
+            topic, queue_id, offsets, data, nulls, tag, born_ts_ms, self._record_size_limit_bytes
         )
+        return self._append_encoded(topic, queue_id, batch)
 
-    def _append_encoded(
-        self,
-        topic: str,
-        queue_id: int,
-        sizes: np.ndarray,
-        encode: Callable[..., int],
-        encoded: list[tuple[int, int, bytes, bytes, bytes, Any, int | None]] | None,
-        shared_tag: bytes,
-        shared_born: np.ndarray | int | None,
-    ) -> BatchAppendResult:
-        """Write a validated batch under the lock: ``encode`` writes what fits the
-        current file from record ``done`` on and returns where it stopped; files roll
-        between calls. A crash keeps a prefix of the batch."""
+    def _append_encoded(self, topic: str, queue_id: int, batch: PreparedBatch) -> BatchAppendResult:
+        """Write a validated batch under the lock: ``batch.encode`` writes what fits
+        the current file from record ``done`` on and returns where it stopped; files
+        roll between calls. A crash keeps a prefix of the batch."""
+        sizes, encode = batch.sizes, batch.encode
         count = len(sizes)
         key = (topic, queue_id)
         positions = np.empty(count, dtype=np.int64)
@@ -709,8 +571,8 @@ class CommitLog:
             first_queue_offset = self._queue_offsets.get(key)
             if first_queue_offset is None:
                 first_queue_offset = self._load_queue_offset(topic, queue_id)
-            store_ts_ms = max(self.now_ms(), self._last_store_ts_ms)
-            position = self._write_position
+            store_ts_ms = max(self.now_ms(), self._appender.last_store_ts_ms)
+            position = self._appender.write_position
             current = self._current
             assert current is not None
             mapping = current.mapping
@@ -726,13 +588,13 @@ class CommitLog:
                     position += written
                     in_file += written
                     done = stop
-                if position >= self._prepare_next_at:
+                if position >= self._appender.prepare_next_at:
                     self._prepare_next()
                 if done == count:
                     break
                 if stop == done and in_file == 0:  # config keeps records below a file
                     raise LimitExceededError(f"record {done} does not fit an empty file")
-                self._write_position = position  # the records before the roll are in
+                self._appender.write_position = position  # the records before the roll are in
                 self._queue_offsets[key] = first_queue_offset + done
                 current = self._roll(in_file)
                 mapping = current.mapping
@@ -740,72 +602,24 @@ class CommitLog:
                 position = current.start_offset
                 in_file = 0
             self._queue_offsets[key] = first_queue_offset + count
-            self._write_position = position
-            self._last_store_ts_ms = store_ts_ms
-            feed = self._feed
-            if feed is not None and not self._feed_overflow:
+            self._appender.write_position = position
+            self._appender.last_store_ts_ms = store_ts_ms
+            feed = self._appender.feed
+            if feed is not None and not self._appender.feed_overflow:
                 if len(feed) < FEED_ENTRIES_MAX:
                     feed.append(
                         BatchFeed(positions, sizes, topic, queue_id, first_queue_offset,
-                                  store_ts_ms, encoded, shared_tag, shared_born)
+                                  store_ts_ms, batch.encoded, batch.tag, batch.born_ts_ms)
                     )  # fmt: skip
                 else:
-                    self._feed_overflow = True
-        listener = self._append_listener
+                    self._appender.feed_overflow = True
+        listener = self._appender.listener
         if listener is not None:
             listener()
-        flusher = self._flusher
-        if type(flusher) is GroupCommitService:
-            flusher.wait_durable(position)
+        group_commit = self._group_commit
+        if group_commit is not None:
+            group_commit.wait_durable(position)
         return BatchAppendResult(positions, sizes, first_queue_offset, store_ts_ms)
-
-    def _encode_batch(
-        self,
-        topic_bytes: bytes,
-        bodies: Sequence[Any],
-        keys: Sequence[Any] | None,
-        tags: Sequence[str | None] | str | None,
-        properties: Sequence[Any] | None,
-        born_ts_ms: Sequence[int | None] | int | None,
-    ) -> list[tuple[int, int, bytes, bytes, bytes, Any, int | None]]:
-        """Validate and encode every per-record section outside the lock."""
-        count = len(bodies)
-        for name, items in (("keys", keys), ("properties", properties)):
-            if items is not None and len(items) != count:
-                raise InvalidArgumentError(f"{name} has {len(items)} items for {count} bodies")
-        shared_tag = encode_tag(tags) if tags is None or isinstance(tags, str) else None
-        if shared_tag is None and len(tags) != count:  # type: ignore[arg-type]
-            raise InvalidArgumentError(f"tags has {len(tags)} items for {count} bodies")  # type: ignore[arg-type]
-        shared_born = born_ts_ms if born_ts_ms is None or isinstance(born_ts_ms, int) else None
-        if isinstance(born_ts_ms, int):
-            _check_timestamp(born_ts_ms)
-        elif born_ts_ms is not None and len(born_ts_ms) != count:
-            raise InvalidArgumentError(f"born_ts_ms has {len(born_ts_ms)} items for {count} bodies")
-        limit = self.config.record_size_limit_bytes
-        fixed = HEADER_SIZE + len(topic_bytes)
-        encoded = []
-        for index, body in enumerate(bodies):
-            flags = 0
-            if type(body) is not bytes:
-                if body is None:
-                    flags, body = FLAG_NULL_BODY, b""
-                elif not isinstance(body, _BYTES_LIKE):
-                    raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
-            tag_b = shared_tag if shared_tag is not None else encode_tag(tags[index])  # type: ignore[index]
-            keys_b = encode_keys(keys[index]) if keys is not None else b""
-            props_b = encode_properties(properties[index]) if properties is not None else b""
-            born = shared_born
-            if born_ts_ms is not None and shared_born is None:
-                born = born_ts_ms[index]  # type: ignore[index]
-                if born is not None:  # None: the store timestamp, as for one append
-                    _check_timestamp(born)
-            size = fixed + len(tag_b) + len(keys_b) + len(props_b) + len(body)
-            if size > limit:
-                raise LimitExceededError(
-                    f"record {index} of {size} bytes exceeds the limit of {limit}"
-                )
-            encoded.append((size, flags, tag_b, keys_b, props_b, body, born))
-        return encoded
 
     def _check_writable(self) -> None:
         if self._failure is not None:
@@ -836,8 +650,8 @@ class CommitLog:
         following = self._take_file(next_start)
         self.roll_wait_ns.append(time.perf_counter_ns() - started_ns)
         encode_blank_into(current.mapping, in_file, current.size_bytes - in_file)
-        self._current = following
-        self._write_position = next_start
+        self._set_current(following)
+        self._appender.write_position = next_start
         self._arm_prepare_next()
         return following
 
@@ -848,12 +662,12 @@ class CommitLog:
         current = self._current
         assert current is not None
         if not self.config.preallocate_next:
-            self._prepare_next_at = _NOT_ARMED
+            self._appender.prepare_next_at = _NOT_ARMED
             return
         threshold_in_file = current.size_bytes * self.config.prepare_next_percent // 100
         assert 0 <= threshold_in_file < current.size_bytes
-        self._prepare_next_at = current.start_offset + threshold_in_file
-        if self._write_position >= self._prepare_next_at:
+        self._appender.prepare_next_at = current.start_offset + threshold_in_file
+        if self._appender.write_position >= self._appender.prepare_next_at:
             self._prepare_next()
 
     def _prepare_next(self) -> None:
@@ -862,7 +676,7 @@ class CommitLog:
         allocator = self._allocator
         assert current is not None
         assert allocator is not None
-        self._prepare_next_at = _NOT_ARMED
+        self._appender.prepare_next_at = _NOT_ARMED
         allocator.request(current.start_offset + current.size_bytes)
 
     def _take_file(self, start_offset: int) -> MappedFile:
@@ -873,6 +687,19 @@ class CommitLog:
         mapped = self._allocator.take(start_offset)
         self._files.append(mapped)
         return mapped
+
+    def _set_current(self, mapped: MappedFile | None) -> None:
+        """Make ``mapped`` the file appends go to, for the appender too (under the lock,
+        or before appends start)."""
+        self._current = mapped
+        appender = self._appender
+        if mapped is None:
+            appender.mapping = None
+            appender.file_start = appender.file_size = 0
+            return
+        appender.mapping = mapped.mapping
+        appender.file_start = mapped.start_offset
+        appender.file_size = mapped.size_bytes
 
     def _current_end(self) -> int:
         assert self._current is not None
@@ -887,11 +714,17 @@ class CommitLog:
 
     @property
     def write_position(self) -> int:
-        return self._write_position
+        return self._appender.write_position
 
     @property
     def flushed_position(self) -> int:
         return self._flushed_position
+
+    @property
+    def sync_waiting(self) -> int:
+        """Writers waiting for a sync flush to cover their records (0 in async mode)."""
+        group_commit = self._group_commit
+        return 0 if group_commit is None else group_commit.waiting
 
     @property
     def min_position(self) -> int:
@@ -900,7 +733,7 @@ class CommitLog:
 
     @property
     def last_store_ts_ms(self) -> int:
-        return self._last_store_ts_ms
+        return self._appender.last_store_ts_ms
 
     @property
     def flushed_mark(self) -> tuple[int, int]:
@@ -928,7 +761,7 @@ class CommitLog:
         in_file = position - mapped.start_offset
         end = position + size
         if in_file + size > mapped.size_bytes or (
-            not self.read_only and end > self._write_position
+            not self.read_only and end > self._appender.write_position
         ):
             raise OffsetOutOfRangeError(
                 f"[{position}, {end}) is past the end of the log or crosses a file boundary"
@@ -951,7 +784,7 @@ class CommitLog:
         in_file = position - mapped.start_offset
         limit = mapped.size_bytes
         if not self.read_only:
-            limit = min(limit, self._write_position - mapped.start_offset)
+            limit = min(limit, self._appender.write_position - mapped.start_offset)
         try:
             record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
         except ValueError:
@@ -969,7 +802,7 @@ class CommitLog:
         Raises:
             CorruptDataError: a record before ``end`` does not verify.
         """
-        stop = self._write_position if end is None else end
+        stop = self._appender.write_position if end is None else end
         position = start
         while position < stop:
             mapped = self._find(position)
@@ -1025,7 +858,10 @@ class CommitLog:
             if position <= start:
                 return
             with self._lock:  # a record boundary and the timestamp of the record before it
-                position, flushed_ts_ms = self._write_position, self._last_store_ts_ms
+                position, flushed_ts_ms = (
+                    self._appender.write_position,
+                    self._appender.last_store_ts_ms,
+                )
             files = self._files.files
             for mapped in list(files):
                 file_end = mapped.start_offset + mapped.size_bytes
@@ -1036,7 +872,7 @@ class CommitLog:
                         self._poison(mapped, start, position, error)
             self._flushed_mark = (position, flushed_ts_ms)  # one assignment: a consistent pair
             self._flushed_position = position
-        listener = self._append_listener
+        listener = self._listener
         if listener is not None:  # sync mode: newly durable bytes may now be dispatched
             listener()
 
@@ -1048,6 +884,7 @@ class CommitLog:
         )
         failure.__cause__ = error
         self._failure = failure
+        self._update_accepting()
         log.critical("%s", failure)
         raise failure from error
 
@@ -1080,17 +917,3 @@ def _file_gone(mapped: MappedFile, position: int) -> OffsetOutOfRangeError:
     return OffsetOutOfRangeError(
         f"physical offset {position} was in {mapped.path}, deleted by retention during the read"
     )
-
-
-def _check_queue_id(queue_id: object) -> None:
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-        raise InvalidTypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
-    if not 0 <= queue_id <= QUEUE_ID_MAX:
-        raise InvalidArgumentError(f"queue_id {queue_id} is outside [0, {QUEUE_ID_MAX}]")
-
-
-def _check_timestamp(timestamp_ms: object) -> None:
-    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
-        raise InvalidTypeError(f"timestamps must be int ms, not {type(timestamp_ms).__name__}")
-    if not 0 <= timestamp_ms < 2**63:
-        raise InvalidArgumentError(f"timestamp {timestamp_ms} ms is outside [0, 2**63)")

@@ -4,10 +4,12 @@
   ``flush_least_pages`` dirty pages wait, and every ``flush_thorough_interval_ms``
   it flushes whatever waits. A put returns before its bytes are durable.
 - ``GroupCommitService``: a put waits until its bytes are durable. Waiting writers
-  are served in groups: a leader snapshots the write position, makes everything up
-  to it durable with one fdatasync per file touched, and wakes every writer whose
-  record ends at or before it. A writer whose bytes are not durable within
-  ``sync_flush_timeout_ms`` gets ``FlushTimeoutError``.
+  are served in groups, by leader and followers (no service thread): a leader
+  snapshots the write position, makes everything up to it durable with one
+  fdatasync per file touched, and releases every writer whose record ends at or
+  before it; each waiting writer is woken once, to return or to lead the next sync.
+  A writer whose bytes are not durable within ``sync_flush_timeout_ms`` gets
+  ``FlushTimeoutError``.
 
 Both call ``Flushable.flush_to(position)``, which is the only code that syncs.
 
@@ -32,6 +34,9 @@ __all__ = ["AsyncFlushService", "Flushable", "GroupCommitService"]
 log = logging.getLogger(__name__)
 
 PAGE_SIZE_BYTES = 4096
+# The longest a group-commit leader waits for its group to gather before it syncs:
+# two fdatasyncs of a fast disk. It never waits longer than the last sync took.
+GATHER_MAX_S = 0.002
 
 
 class Flushable(Protocol):
@@ -82,28 +87,65 @@ class AsyncFlushService:
         self._thread.join()
 
 
-class GroupCommitService:
-    """Synchronous group commit by leader and followers (no extra thread hop).
+class _Waiter:
+    """A writer waiting for a sync: blocked on its own lock until a leader resolves
+    it (``state``), so each waiter is woken once, by the sync that decides it."""
 
-    A writer that needs its bytes durable and finds no flush running becomes the
-    leader: it snapshots the write position, makes everything before it durable
-    (fdatasync releases the GIL, so other writers keep appending meanwhile), and
-    wakes everyone. Writers that arrive during a flush wait; when it ends, every one
-    it covered returns, and one of the rest leads the next flush, which covers all
-    of them at once. One sync per group, and no hand-off to a service thread on
-    the latency path.
+    __slots__ = ("end_position", "error", "lock", "state")
+
+    def __init__(self, end_position: int) -> None:
+        self.end_position = end_position
+        self.state = _WAITING
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.lock.acquire()  # released once, by whoever resolves the waiter
+
+
+_WAITING = 0
+_DURABLE = 1  # its bytes are durable: acknowledged
+_FAILED = 2  # the sync failed: never acknowledged (``error``)
+_LEAD = 3  # not covered by the last sync: it leads the next one
+
+
+class GroupCommitService:
+    """Synchronous group commit by leader and followers, one wake-up per writer.
+
+    A writer that needs its bytes durable and finds no leader becomes the leader; the
+    others wait as followers, each on its own lock. The leader first gathers its group
+    (below), snapshots the write position, makes everything before it durable
+    (fdatasync releases the GIL, so other writers keep appending meanwhile), then
+    resolves every follower in one pass under the mutex: the ones the sync covered
+    are acknowledged, and the first one it did not cover (it appended during the
+    sync) is told to lead the next sync; the leader returns to its own work at once.
+    No service thread, no notify_all: every writer wakes exactly once per sync that
+    concerns it, to return or to lead.
+
+    Gathering: the writers a sync acknowledges are about to append again, but they
+    need the GIL to do it, which a leader that went straight to its next sync would
+    not give them (the GIL is taken back from a running thread only every 5 ms). So
+    a leader waits, before its snapshot, until as many writers as the last sync
+    acknowledged have joined (they release it), for at most as long as the last sync
+    took (GATHER_MAX_S at most): waiting longer would cost more than another sync.
+    One writer alone never waits.
+
+    Failure: a failed sync is never retried. Every waiting writer gets
+    FlushFailedError (each follower resolved with the error, the leader raising it),
+    and every later one too, before it waits; none is acknowledged.
     """
 
     def __init__(self, log_: Flushable, timeout_ms: int) -> None:
         self._log = log_
         self._timeout_s = timeout_ms / 1000
-        self._condition = threading.Condition()
-        self._flushing = False
-        self._closed = False
+        self._mutex = threading.Lock()  # guards every field below
+        self._leading = False  # a leader is gathering, syncing or resolving
+        self._waiting: list[_Waiter] = []  # followers of the next sync, in arrival order
         self._error: BaseException | None = None
+        self._gathering: threading.Lock | None = None  # held by a gathering leader
+        self._gather_size = 0  # writers the gathering leader waits for, itself included
+        self._group_size = 1  # writers the last sync acknowledged, its leader included
+        self._sync_s = 0.0  # how long the last sync took
+        self._closed = False
         self.flush_count = 0  # one per group: the figure that shows grouping works
-        self._waiters = 0  # writers inside wait_durable (under the condition)
-        self._last_group = 0  # writers waiting when the last sync ended
 
     def wait_durable(self, end_position: int) -> None:
         """Block until every byte before ``end_position`` is durable.
@@ -118,61 +160,140 @@ class GroupCommitService:
         if log_.flushed_position >= end_position:
             return
         deadline = time.monotonic() + self._timeout_s
-        condition = self._condition
-        with condition:
-            self._waiters += 1
-            try:
-                self._wait(end_position, deadline)
-            finally:
-                self._waiters -= 1
+        with self._mutex:
+            if self._error is not None:
+                raise _failed(end_position, self._error)
+            if log_.flushed_position >= end_position:
+                return
+            if self._leading:
+                waiter: _Waiter | None = _Waiter(end_position)
+                self._waiting.append(waiter)  # type: ignore[arg-type]
+                gathering = self._gathering
+                if gathering is not None and len(self._waiting) + 1 >= self._gather_size:
+                    self._gathering = None
+                    gathering.release()  # the group is complete: the leader goes on
+            else:
+                self._leading = True
+                waiter = None
+        if waiter is not None and not self._follow(waiter, deadline):
+            return
+        self._lead(end_position)
 
-    def _wait(self, end_position: int, deadline: float) -> None:
+    def _follow(self, waiter: _Waiter, deadline: float) -> bool:
+        """Wait to be resolved: False when acknowledged, True when told to lead.
+
+        Raises:
+            FlushTimeoutError, FlushFailedError: see ``wait_durable``.
+        """
+        if not waiter.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            with self._mutex:
+                if waiter.state == _WAITING:  # still unresolved: leave the queue
+                    self._waiting.remove(waiter)
+                    raise FlushTimeoutError(
+                        f"bytes up to {waiter.end_position} not durable within "
+                        f"{self._timeout_s * 1000:.0f} ms"
+                    )
+            # Resolved as the timeout passed; the resolver released the lock already.
+        state = waiter.state
+        if state == _FAILED:
+            assert waiter.error is not None
+            raise _failed(waiter.end_position, waiter.error)
+        assert state in (_DURABLE, _LEAD)
+        return state == _LEAD
+
+    def _lead(self, end_position: int) -> None:
+        """Gather, sync, resolve the followers, hand the lead on (see the class)."""
         log_ = self._log
-        condition = self._condition
-        while log_.flushed_position < end_position:
-            failure = self._error
+        failure: BaseException | None = None
+        leading = True
+        try:
+            self._gather()
+            started = time.monotonic()
+            failure = self._sync(log_.write_position)  # everything appended joins
+            with self._mutex:
+                if failure is None:
+                    self.flush_count += 1
+                    self._sync_s = time.monotonic() - started
+                self._resolve(log_.flushed_position, failure)
+                leading = False
+        finally:
+            if leading:  # not the sync's failure (an interrupt): let the lead go
+                with self._mutex:
+                    self._resolve(log_.flushed_position, None)
+        if failure is not None:
+            raise _failed(end_position, failure)
+        assert log_.flushed_position >= end_position
+
+    def _sync(self, target: int) -> BaseException | None:
+        """flush_to(target); the failure that poisons the log, if it failed."""
+        log_ = self._log
+        try:
+            log_.flush_to(target)
+        except Exception as failure:  # never retried: see the module's crash policy
+            if log_.flushed_position >= target:  # synced; what ran after it failed
+                log.exception("after a group commit sync")
+                return None
+            log.critical("group commit flush failed: %s", failure)
+            with self._mutex:
+                if self._error is None:
+                    self._error = failure  # before resolving: no waiter may miss it
+                return self._error
+        return None
+
+    def _resolve(self, flushed: int, failure: BaseException | None) -> None:
+        """Under the mutex: release every follower the sync decided (acknowledged, or
+        failed with ``failure``), and tell the first one it did not cover to lead the
+        next sync, or let the lead go."""
+        acknowledged = 1  # the leader
+        rest = []
+        for waiter in self._waiting:
             if failure is not None:
-                raise FlushFailedError(
-                    f"bytes up to {end_position} were not made durable: {failure}"
-                ) from (failure.__cause__ or failure)  # the OS error itself
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise FlushTimeoutError(
-                    f"bytes up to {end_position} not durable within {self._timeout_s * 1000:.0f} ms"
-                )
-            if self._flushing:
-                condition.wait(remaining)
+                waiter.state, waiter.error = _FAILED, failure
+            elif waiter.end_position <= flushed:
+                waiter.state = _DURABLE
+                acknowledged += 1
+            else:
+                rest.append(waiter)
                 continue
-            self._flushing = True
-            condition.release()
-            if self._last_group > 1:
-                # Several writers are at work: give them the GIL once, so that the ones
-                # the last sync woke append before this sync rather than after it
-                # (bigger groups; RocketMQ gets that by swapping lists every 10 ms).
-                time.sleep(0)
-            target = log_.write_position  # everything appended so far joins the group
-            try:
-                log_.flush_to(target)
-                error: BaseException | None = None
-            except Exception as failure:  # never retried: see the module's crash policy
-                if log_.flushed_position >= target:  # synced; what ran after it failed
-                    error = None
-                    log.exception("after a group commit sync")
-                else:
-                    error = failure
-                    log.critical("group commit flush failed: %s", failure)
-            finally:
-                condition.acquire()
-                self._flushing = False
-                self._last_group = self._waiters
-                if error is not None and self._error is None:
-                    self._error = error  # before waking: no waiter may miss it
-                condition.notify_all()
-            if error is None:
-                self.flush_count += 1
+            waiter.lock.release()
+        self._group_size = acknowledged
+        if rest:
+            successor = rest.pop(0)
+            successor.state = _LEAD
+            successor.lock.release()  # _leading stays True: the lead passes to it
+        else:
+            self._leading = False
+        self._waiting = rest
+
+    def _gather(self) -> None:
+        """Wait (bounded) until the writers the last sync acknowledged have joined."""
+        size = self._group_size
+        if size <= 1:
+            return
+        with self._mutex:
+            if len(self._waiting) + 1 >= size:
+                return
+            gathering = threading.Lock()
+            gathering.acquire()
+            self._gathering, self._gather_size = gathering, size
+            timeout_s = min(self._sync_s, GATHER_MAX_S)
+        gathering.acquire(timeout=timeout_s)
+        with self._mutex:
+            if self._gathering is gathering:  # timed out: the group is what came
+                self._gathering = None
+
+    @property
+    def waiting(self) -> int:
+        """Writers waiting for a sync right now (followers; a snapshot, no lock)."""
+        return len(self._waiting)
 
     def close(self) -> None:
         """Nothing runs in the background; waiting writers finish on their own."""
-        with self._condition:
+        with self._mutex:
             self._closed = True
-            self._condition.notify_all()
+
+
+def _failed(end_position: int, failure: BaseException) -> FlushFailedError:
+    error = FlushFailedError(f"bytes up to {end_position} were not made durable: {failure}")
+    error.__cause__ = failure.__cause__ or failure  # the OS error itself
+    return error

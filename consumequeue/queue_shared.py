@@ -52,6 +52,9 @@ def shared_run(queue: ConsumeQueue) -> SharedRun | None:
     if shared is None:
         return None
     run = shared.runs.get(queue.queue_id)
+    if run is not None and run.end < queue._first_offset and queue._ctx.read_only:
+        shared.follow()  # read before the writer appended the run's tail: catch up
+        run = shared.runs.get(queue.queue_id)
     if run is None or not run.positions or run.end != queue._first_offset:
         return None
     return run
@@ -265,10 +268,15 @@ def first_at_time(queue: ConsumeQueue, timestamp_ms: int) -> int | None:
 def refresh_max(queue: ConsumeQueue) -> None:
     """Read-only: follow the writer's appends from the max offset we know."""
     if queue._file_lo == queue._file_hi:
+        # Own files first, then the log: the writer appends a queue's last shared
+        # units before it creates the queue's first own file, so a log followed after
+        # seeing that file holds the whole run (the other order can miss its tail,
+        # and the load would then drop the run: the reader's min offset would jump).
+        graduated = bool(queue._files.indexes())
         if queue._shared is not None:
             queue._shared.follow()
             sync_shared_end(queue)
-        if queue._files.indexes():
+        if graduated:
             queue._load()
         return
     upf = queue._upf

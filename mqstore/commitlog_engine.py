@@ -55,6 +55,8 @@ __all__ = ["KEY_PROPERTY", "CommitLogEngine"]
 
 log = logging.getLogger(__name__)
 
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (per send)
+
 KEY_PROPERTY = "\x00key"  # a NUL-prefixed name no user header can collide with in practice
 READ_RECORDS_MAX = 10_000  # bounded like MessageStore.get
 
@@ -308,19 +310,20 @@ class CommitLogEngine:
     ) -> list[AppendedRecord]:
         """Append records to one partition under one lock and one flush; an unknown
         topic is created first when ``auto_create_topics`` is on."""
-        self.topic_for_write(topic)
-        config = self._partition(topic, partition)
+        config = self.topic_for_write(topic)
+        if type(partition) is not int or not 0 <= partition < config.partitions:
+            config = self._partition(topic, partition)  # raises what is wrong
         if not records:
             return []
         log_append = config.timestamp_type == "LogAppendTime"
-        prepared = [_prepare(record) for record in records]
-        if len(prepared) == 1:  # the per-message path skips the batch machinery
-            value, keys, pairs, born, sizes = prepared[0]
+        if len(records) == 1:  # the per-message path skips the batch machinery
+            value, keys, pairs, born, sizes = _prepare(records[0])
             result = self.put(
                 topic, partition, value, keys=keys, properties=pairs, born_timestamp_ms=born
             )
-            stamp = result.store_timestamp_ms if log_append or born is None else born
-            return [AppendedRecord(result.queue_offset, stamp, *sizes)]
+            stamp = result[2] if log_append or born is None else born  # store_timestamp_ms
+            return [_new_tuple(AppendedRecord, (result[1], stamp, *sizes))]
+        prepared = [_prepare(record) for record in records]
         results = self.put_batch(
             topic,
             partition,
@@ -383,7 +386,7 @@ def _prepare(
     _check_bytes("key", key)
     _check_bytes("value", value)
     pairs = list(headers) if headers else []
-    header_size = sum(len(name) + len(data) for name, data in pairs)
+    header_size = sum(len(name) + len(data) for name, data in pairs) if pairs else 0
     if key is not None:
         pairs.insert(0, (KEY_PROPERTY, key))
     sizes = (-1 if key is None else len(key), -1 if value is None else len(value), header_size)

@@ -60,6 +60,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (per send)
+
 
 class TopicPartition(NamedTuple):
     topic: str
@@ -384,9 +386,9 @@ class KafkaProducer:
             raise InvalidArgumentError(f"timestamp_ms must be a non-negative int: {timestamp_ms!r}")
         header_list = _check_headers(headers)
         chosen = self._choose_partition(topic, key_bytes, partition)
-        record = ProducerRecord(key_bytes, value_bytes, header_list, timestamp_ms)
+        record = _new_tuple(ProducerRecord, (key_bytes, value_bytes, header_list, timestamp_ms))
         future = FutureRecordMetadata()
-        tp = TopicPartition(topic, chosen)
+        tp = _new_tuple(TopicPartition, (topic, chosen))
         if self._linger_s <= 0:
             self._append(tp, [(record, future)])
             if future.exception is not None:
@@ -500,7 +502,8 @@ class KafkaProducer:
 
     def _append(self, tp: TopicPartition, items: _Items) -> None:
         try:
-            appended = self._store.append_records(tp.topic, tp.partition, [r for r, _ in items])
+            records = [items[0][0]] if len(items) == 1 else [r for r, _ in items]
+            appended = self._store.append_records(tp.topic, tp.partition, records)
         except Exception as error:  # every future of the batch carries the error
             with self._metrics_lock:
                 self._record_errors += len(items)
@@ -510,13 +513,12 @@ class KafkaProducer:
         assert len(appended) == len(items)
         with self._metrics_lock:
             self._records_sent += len(items)
+        topic, partition = tp
         for (_, future), result in zip(items, appended, strict=True):
+            offset, timestamp_ms, key_size, value_size, header_size = result
             future._resolve(
-                RecordMetadata(
-                    tp.topic, tp.partition, tp, result.offset, result.timestamp_ms, None,
-                    result.serialized_key_size, result.serialized_value_size,
-                    result.serialized_header_size,
-                ),
+                _new_tuple(RecordMetadata, (topic, partition, tp, offset, timestamp_ms, None,
+                                            key_size, value_size, header_size)),
                 None,
             )  # fmt: skip
 

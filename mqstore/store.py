@@ -118,6 +118,10 @@ class MessageStore(CommitLogEngine):
         self._described = {}  # describe_topic's cache (CommitLogEngine)
         self._topic_guard = threading.Lock()  # serializes auto-creation (CommitLogEngine)
         self.inbox: Inbox | None = None  # writers only: appends other processes' spool files
+        # put's fast path: queues checked once (see _check_put); empty when not writable.
+        self._put_queues: set[tuple[str, int]] = set()
+        self._help_dispatch_past = 0  # put calls _help_dispatch_if_behind past this position
+        self._append: Callable[..., PutResult]  # commitlog.append, bound once
         self._clock_ms: Callable[[], int] = _wall_clock_ms
         self._disk_usage: Callable[[], float] = _no_disk_usage
         self.open_ms = 0.0
@@ -242,6 +246,7 @@ class MessageStore(CommitLogEngine):
             clock_ms=clock_ms,
             store_ts_floor_ms=store_ts_floor_ms,
         )
+        self._append = self.commitlog.append
         if read_only:
             return
         self._recover_derived(checkpoint)
@@ -332,7 +337,10 @@ class MessageStore(CommitLogEngine):
         dispatcher = self._dispatcher
         assert dispatcher is not None
         dispatcher.use_feed()
-        self.commitlog.set_append_listener(dispatcher.wake)
+        # Async: appends wake the dispatcher thread. Sync: bytes become readable when a
+        # sync ends, and its leader dispatches them itself (Dispatcher.dispatch_now).
+        sync = self.config.flush_mode == "sync"
+        self.commitlog.set_append_listener(dispatcher.dispatch_now if sync else dispatcher.wake)
         dispatcher.start()
         config = self.config
         self._retention = retention.RetentionService(
@@ -419,6 +427,7 @@ class MessageStore(CommitLogEngine):
         if self._closed:
             return
         self._closed = True
+        self._put_queues.clear()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         if self.read_only:
@@ -451,6 +460,7 @@ class MessageStore(CommitLogEngine):
         ``abort`` left in place. Appended bytes stay in the page cache, as they do
         when a process dies; the lock is released as the kernel would release it."""
         self._closed = True
+        self._put_queues.clear()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         dispatcher = self._dispatcher
@@ -569,22 +579,45 @@ class MessageStore(CommitLogEngine):
             DiskFullError: no room, or writes rejected above the disk watermark.
             FlushTimeoutError: sync flush mode and the bytes were not durable in time.
         """
-        dispatcher = self._dispatcher
-        if self._closed or self.read_only or (dispatcher is not None and dispatcher.failure):
-            self._check_writable()
-        try:  # one dict look-up when the queue is a partition of a topic
-            known = queue_id < self.topics.get(topic).partitions  # type: ignore[union-attr]
-        except (AttributeError, TypeError):  # no such topic, or bad input
-            known = False
-        if not known:
-            self._check_queue_for_write(topic, queue_id)
-        result = self.commitlog.append(
+        try:  # one set look-up for a queue already written through this store
+            ready = (topic, queue_id) in self._put_queues and not self._dispatcher.failure  # type: ignore[union-attr]
+        except TypeError:  # an unhashable topic: the checks below say what is wrong
+            ready = False
+        if not ready:
+            self._check_put(topic, queue_id)
+        result = self._append(
             topic, queue_id, body, keys=keys, tag=tag, properties=properties,
             born_ts_ms=born_timestamp_ms,
         )  # fmt: skip
-        if dispatcher is not None and result[0] - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
-            _help_dispatch(dispatcher)
+        if result[0] > self._help_dispatch_past:
+            self._help_dispatch_if_behind(result[0])
         return result
+
+    def _check_put(self, topic: str, queue_id: int) -> None:
+        """put's checks, for a queue not in ``_put_queues``: the store is writable and
+        the queue is a partition of its topic (created or grown if allowed); then the
+        queue joins ``_put_queues``. Partitions never shrink and topics are never
+        deleted, so a queue stays valid once checked; closing empties the set.
+
+        Raises:
+            The errors of ``_check_writable`` and ``_check_queue_for_write``.
+        """
+        self._check_writable()
+        self._check_queue_for_write(topic, queue_id)
+        if type(queue_id) is int and not self._closed:  # not bool, numpy ints...
+            self._put_queues.add((topic, queue_id))
+
+    def _help_dispatch_if_behind(self, position: int) -> None:
+        """Backpressure (``_help_dispatch``) when the record at ``position`` is more
+        than DISPATCH_BACKLOG_MAX_BYTES past the dispatched position. The dispatched
+        position only grows, so ``_help_dispatch_past`` (computed from it) lets put
+        skip this call until a record lands past it."""
+        dispatcher = self._dispatcher
+        if dispatcher is None:
+            return
+        if position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
+            _help_dispatch(dispatcher)
+        self._help_dispatch_past = dispatcher.position + DISPATCH_BACKLOG_MAX_BYTES
 
     def put_batch(
         self,

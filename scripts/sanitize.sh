@@ -45,12 +45,14 @@ case "$MODE" in
     full) EXAMPLES=${MQSTORE_FUZZ_EXAMPLES:-5000} ;;
     *) echo "usage: $0 [quick|full]" >&2; exit 2 ;;
 esac
-# The tests that call C: the native functions themselves, the CommitLog (encoders,
-# recovery's scan_records), the tail writer and the dispatcher (write_units), and the
+# The tests that call C: the native functions themselves, the Appender against its twin,
+# the CommitLog (encoders, recovery's scan_records, Appender.append), the tail writer
+# and the dispatcher (write_units, feed_columns), and the
 # crafted-ConsumeQueue-unit test through MessageStore.get (verify_records).
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
+    tests/commitlog/test_appender.py
     tests/commitlog/test_commitlog.py
     tests/commitlog/test_recovery.py
     tests/consumequeue/test_tail_writer.py

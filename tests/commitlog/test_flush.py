@@ -10,6 +10,7 @@ import pytest
 from mqstore.commitlog.commitlog import CommitLog
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.errors import FlushFailedError, FlushTimeoutError
+from mqstore.commitlog.flush import GroupCommitService
 from mqstore.commitlog.mapped_file import MappedFile
 
 FILE = 64 * 1024
@@ -223,7 +224,8 @@ def test_async_flusher_stops_at_a_failed_sync(tmp_path):
     flusher = log._flusher
     assert flusher is not None
     deadline = time.monotonic() + 10
-    while log.failure is None and time.monotonic() < deadline:
+    # The flusher records the failure after the log does: wait for both.
+    while (log.failure is None or flusher.failure is None) and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.005)
     assert log.failure is not None
     assert flusher.failure is not None  # type: ignore[union-attr]
@@ -274,4 +276,144 @@ def test_a_failure_after_a_successful_sync_does_not_poison(tmp_path):
     assert log.flushed_position >= first.physical_offset + first.size
     log.append("t", 0, b"later")  # not refused: the log is not poisoned
     assert log.failure is None
+    log.close()
+
+
+class CountingGate:
+    """A syncer that lets through as many syncs as the test allows, counting them."""
+
+    def __init__(self) -> None:
+        self.allowed = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        self.calls = 0
+        self.fail_with: BaseException | None = None
+
+    def allow(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.allowed.release()
+
+    def __call__(self, mapped: MappedFile) -> None:
+        self.entered.release()
+        assert self.allowed.acquire(timeout=10), "test never allowed the sync"
+        self.calls += 1
+        failure, self.fail_with = self.fail_with, None
+        if failure is not None:
+            raise failure
+        MappedFile.flush(mapped)
+
+
+def _open_gated(tmp_path) -> tuple[CommitLog, CountingGate]:
+    gate = CountingGate()
+    log = _sync_log(tmp_path, gate)
+    while gate.entered.acquire(blocking=False):  # open's recovery sync, if any
+        pass
+    return log, gate
+
+
+def _wait_for(check, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not true in time"
+        time.sleep(0.002)
+
+
+def test_a_leader_returns_after_its_sync_and_the_next_leader_is_a_waiter(tmp_path):
+    """The writers a sync did not cover wait on; the first of them leads the next sync
+    (one wake-up), while the leader of the first is already back."""
+    log, gate = _open_gated(tmp_path)
+    group = log._flusher
+    assert isinstance(group, GroupCommitService)
+    flushes = group.flush_count
+    done: list[str] = []
+    leader = threading.Thread(target=lambda: (log.append("t", 0, b"L"), done.append("L")))
+    leader.start()
+    assert gate.entered.acquire(timeout=10)  # the leader's sync started
+    followers = [
+        threading.Thread(target=lambda i=i: (log.append("t", 0, b"f"), done.append(f"f{i}")))
+        for i in range(3)
+    ]
+    for thread in followers:
+        thread.start()
+    _wait_for(lambda: group.waiting == 3)
+    gate.allow(1)  # the leader's sync ends: it covered the leader's record only
+    leader.join(10)
+    assert done == ["L"]
+    assert gate.entered.acquire(timeout=10)  # a follower leads the next sync
+    assert group.waiting == 2  # the other two follow it
+    gate.allow(1)
+    for thread in followers:
+        thread.join(10)
+    assert sorted(done) == ["L", "f0", "f1", "f2"]
+    assert group.flush_count - flushes == 2
+    assert log.flushed_position == log.write_position
+    gate.allow(10)
+    log.close()
+
+
+def test_a_timed_out_writer_leaves_the_group(tmp_path):
+    """A follower that times out is never resolved later; the groups after it work."""
+    gate = CountingGate()
+    log = _sync_log(tmp_path, gate, timeout_ms=100)
+    while gate.entered.acquire(blocking=False):
+        pass
+    leader = threading.Thread(target=lambda: log.append("t", 0, b"L"))
+    leader.start()
+    assert gate.entered.acquire(timeout=10)
+    with pytest.raises(FlushTimeoutError):
+        log.append("t", 0, b"late")
+    assert log._flusher.waiting == 0  # type: ignore[union-attr]
+    gate.allow(10)
+    leader.join(10)
+    result = log.append("t", 0, b"after")
+    assert log.flushed_position >= result.physical_offset + result.size
+    log.close()
+
+
+class Interrupt(BaseException):
+    """Not an Exception: what a KeyboardInterrupt in the leader's sync looks like."""
+
+
+def test_an_interrupted_leader_hands_the_lead_on(tmp_path):
+    """The leader's own put raises; its followers are neither stranded nor failed."""
+    log, gate = _open_gated(tmp_path)
+    outcomes: list[BaseException | None] = []
+
+    def write(body: bytes) -> None:
+        try:
+            log.append("t", 0, body)
+            outcomes.append(None)
+        except BaseException as error:  # the test inspects what each writer got
+            outcomes.append(error)
+
+    leader = threading.Thread(target=write, args=(b"L",))
+    leader.start()
+    assert gate.entered.acquire(timeout=10)
+    followers = [threading.Thread(target=write, args=(b"f%d" % i,)) for i in range(3)]
+    for thread in followers:
+        thread.start()
+    _wait_for(lambda: log._flusher.waiting == 3)  # type: ignore[union-attr]
+    gate.fail_with = Interrupt()
+    gate.allow(10)
+    for thread in [leader, *followers]:
+        thread.join(10)
+    assert len(outcomes) == 4
+    assert sum(isinstance(outcome, Interrupt) for outcome in outcomes) == 1
+    assert outcomes.count(None) == 3
+    assert log.failure is None
+    assert log.flushed_position == log.write_position
+    log.close()
+
+
+def test_a_leader_gathers_its_group_for_a_bounded_time(tmp_path):
+    """After a group of 8, a leader waits for 7 followers, but not longer than the
+    last sync took: a writer alone is not held up."""
+    log = _sync_log(tmp_path, MappedFile.flush)
+    group = log._flusher
+    assert isinstance(group, GroupCommitService)
+    group._group_size, group._sync_s = 8, 0.05
+    started = time.monotonic()
+    result = log.append("t", 0, b"alone")
+    assert time.monotonic() - started < 2
+    assert log.flushed_position >= result.physical_offset + result.size
+    assert group._group_size == 1  # the group that came: the next leader waits for none
     log.close()

@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import struct
+import threading
 from typing import Any
 
 import numpy as np
@@ -504,6 +505,127 @@ def test_fuzz_write_units(rows: list, data: st.DataObject) -> None:
     assert results[0] == results[1]
     bad_table = np.zeros((1, tw._COLUMNS + 1), np.int64)  # not a whole number of rows
     assert _call(NATIVE.write_units, bad_table, *columns, 0)[0] == "raised"
+
+
+# ---------------------------------------------------------------- Appender, feed
+
+
+@st.composite
+def appender_states(draw: st.DrawFn) -> dict[str, Any]:
+    """Members an Appender takes from Python, mostly sane, each else hostile: file
+    bounds that wrap or lie outside the mapping, a write position outside the file,
+    thresholds, limits and offsets at the int64 edges, a feed that is not a list."""
+    length = draw(mostly(st.integers(300, 600), st.integers(0, 300)))
+    file_size = draw(mostly(st.just(length), st.integers(0, length) | i64))
+    file_start = draw(mostly(st.integers(0, 10_000), i64))
+    in_file = draw(mostly(st.integers(0, 20), st.integers(0, max(0, min(file_size, length))) | i64))
+    write_position = file_start + in_file if -(2**63) <= file_start + in_file < 2**63 else 0
+    return {
+        "length": length,
+        "file_start": file_start,
+        "file_size": file_size,
+        "write_position": draw(mostly(st.just(write_position), i64)),
+        "prepare_next_at": draw(mostly(st.just(INT64_MAX), i64)),
+        "record_size_limit": draw(mostly(st.just(1000), st.integers(68, 300) | i64)),
+        "last_store_ts_ms": draw(mostly(st.integers(0, 2**40), i64)),
+        "queue_offset": draw(mostly(st.integers(0, 2**40), st.sampled_from(EDGES) | st.just("x"))),
+        "topic": draw(mostly(st.just(b"t"), st.sampled_from([b"", b"x" * 300, "t"]))),
+        "feed": draw(mostly(st.just([]) | st.none(), st.just(("not", "a", "list")))),
+        "mapping": draw(mostly(st.just("bytearray"), st.sampled_from(["bytes", "none"]))),
+    }
+
+
+def _fuzz_appender(factory: Any, lock: Any, state: dict[str, Any], args: tuple) -> Any:
+    from mqstore.commitlog.appender import AppendResult
+
+    mapping: Any = bytearray(state["length"])
+    if state["mapping"] == "bytes":
+        mapping = bytes(state["length"])  # read-only: refused, never written
+    elif state["mapping"] == "none":
+        mapping = None
+    appender = factory(lock, {("t", 0): state["queue_offset"]}, {"t": state["topic"]},
+                       AppendResult, 2)  # fmt: skip
+    for name in ("file_start", "file_size", "write_position", "prepare_next_at",
+                 "record_size_limit", "last_store_ts_ms"):  # fmt: skip
+        setattr(appender, name, state[name])
+    appender.mapping, appender.feed, appender.accepting = mapping, state["feed"], True
+    appender.clock = lambda: 7
+    return appender, mapping
+
+
+@FUZZ
+@given(appender_states(), st.data())
+def test_fuzz_appender(state: dict[str, Any], data: st.DataObject) -> None:
+    """Hostile members and arguments: C appends inside the mapping or refuses (None,
+    ValueError, TypeError), and agrees with the Python twin whenever both run."""
+    from mqstore.commitlog.appender import PyAppender
+
+    assert NATIVE is not None
+    body = data.draw(mostly(st.binary(max_size=150), st.none() | st.just(memoryview(b"m"))))
+    keys = data.draw(mostly(st.just(b""), st.binary(max_size=20) | st.just("k")))
+    born = data.draw(mostly(st.none(), hostile_int | st.just(True)))
+    queue_id = data.draw(mostly(st.just(0), hostile_int))
+    args = ("t", queue_id, body, None, born, keys, b"")
+    TRIED["AppendLock"] += 1
+    lock = NATIVE.AppendLock()
+    ACCEPTED["AppendLock"] += 1
+    try:
+        appender, mapping = _fuzz_appender(NATIVE.Appender, lock, state, args)
+    except C_ERRORS:
+        TRIED["Appender"] += 1
+        return
+    before = None if mapping is None else bytes(mapping)
+    TRIED["Appender"] += 1
+    outcome = _call(appender.append, *args)
+    ACCEPTED["Appender"] += outcome[0] == "ok"
+    assert not lock.locked()
+    if outcome[0] == "raised" or outcome[1] is None:
+        assert mapping is None or bytes(mapping) == before
+    try:
+        twin, twin_mapping = _fuzz_appender(PyAppender, threading.Lock(), state, args)
+    except PY_ERRORS:
+        return
+    twin_out = _call(twin.append, *args, errors=PY_ERRORS)
+    _agree(outcome, twin_out)
+    if outcome[0] == "ok" and mapping is not None:
+        assert bytes(mapping) == bytes(twin_mapping)
+        assert appender.write_position == twin.write_position
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_feed_columns(data: st.DataObject) -> None:
+    """Entries of the wrong shape or types, positions and sizes that wrap, a start
+    outside the list, columns short or of the wrong item size."""
+    from mqstore.commitlog.appender import feed_columns_py
+
+    assert NATIVE is not None
+    entry = st.tuples(
+        mostly(st.integers(0, 10_000), hostile_int), mostly(st.integers(68, 500), hostile_int),
+        mostly(st.just("t"), st.just(b"t")), mostly(st.integers(0, 3), st.just("q")),
+        mostly(st.integers(0, 2**40), hostile_int), mostly(st.integers(0, 2**40), hostile_int),
+        mostly(st.integers(0, 2**40), hostile_int), mostly(st.just(b""), st.just("tag")),
+        st.just(b""),
+    )  # fmt: skip
+    entries = data.draw(st.lists(mostly(entry, st.just((1, 2))), max_size=6))
+    capacity = data.draw(st.integers(0, 6))
+    short = data.draw(mostly(st.just(-1), st.integers(0, 5)))
+    dtypes = [np.int32, np.int64, np.int32, np.int64, np.int64, np.int64]
+    columns = [np.zeros(capacity, dtype) for dtype in dtypes]
+    if 0 <= short < 6 and capacity:
+        columns[short] = columns[short][:-1]
+    start = data.draw(mostly(st.integers(0, len(entries)), i64))
+    end = data.draw(mostly(st.integers(0, 20_000), i64))
+    slot_map = {("t", 0): 1, ("t", 1): 2**40}
+    c_columns = [column.copy() for column in columns]
+    c_out = _c("feed_columns", entries, start, end, slot_map, *c_columns)
+    py_columns = [column.copy() for column in columns]
+    py_out = _call(feed_columns_py, entries, start, end, slot_map, *py_columns,
+                   errors=PY_ERRORS)  # fmt: skip
+    _agree(c_out, py_out)
+    if c_out[0] == "ok":
+        count = c_out[1][0]
+        assert [c[:count].tolist() for c in c_columns] == [c[:count].tolist() for c in py_columns]
 
 
 # --------------------------------------------------------------------- the tally

@@ -29,7 +29,7 @@ from mqstore.commitlog.errors import (
     DispatchFailedError,
 )
 from mqstore.commitlog.mapped_file import MappedFile
-from mqstore.commitlog.record import BLANK_MAGIC, HEADER_SIZE, MESSAGE_MAGIC
+from mqstore.commitlog.record import BLANK_MAGIC, HEADER_SIZE, MESSAGE_MAGIC, tag_hash
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.tail_writer import TailWriter
@@ -82,8 +82,7 @@ class Parts:
             self.index,
             start_position=start_position,
             sync_mode=False,
-            uses_create_time=lambda topic: False,
-            **kwargs,
+            **{"uses_create_time": lambda topic: False, **kwargs},
         )
         self.dispatchers.append(dispatcher)
         return dispatcher
@@ -165,8 +164,9 @@ def _assert_matches_log(parts: Parts, end: int | None = None) -> None:
         units = expected.setdefault((record.topic, record.queue_id), [])
         assert record.queue_offset == len(units)
         units.append((record.physical_offset, record.size))
-        found = parts.index.query(record.topic, record.keys[0], 0, 2**63 - 1, 8, lambda p: True)
-        assert record.physical_offset in found
+        if record.keys:  # (a plain batch has none)
+            found = parts.index.query(record.topic, record.keys[0], 0, 2**63 - 1, 8, lambda p: True)
+            assert record.physical_offset in found
     for topic in TOPICS:
         for queue_id in range(3):
             queue = parts.queues.queue(topic, queue_id)
@@ -206,6 +206,42 @@ def test_feed_and_tail_writer_path_matches_the_log(parts):
     _eventually(lambda: dispatcher.position == parts.log.write_position)
     assert dispatcher.failure is None
     _assert_matches_log(parts)
+
+
+def test_feed_runs_with_tags_keys_born_and_batches_match_the_log(parts):
+    """One-record feed entries go through the TailWriter in runs (feed_columns): runs
+    cut by a round's budget, interrupted by batches, with tags, keys and born
+    timestamps (a CreateTime topic takes them, a LogAppendTime one does not) and a
+    queue new to the round, give the units a read of the log gives."""
+    dispatcher = parts.dispatcher(uses_create_time=lambda topic: topic == "orders")
+    dispatcher.use_feed()
+    for number in range(300):
+        topic, queue_id = TOPICS[number % 2], number % 3
+        if number % 50 == 49:
+            parts.log.append_batch(topic, queue_id, [BODY] * 4, tags="batched")  # plain
+        elif number % 50 == 24:
+            keys = [[f"key-{number}-{i}"] for i in range(3)]
+            parts.log.append_batch(topic, queue_id, [BODY] * 3, keys=keys, born_ts_ms=5)
+        elif number % 7 == 0:
+            parts.log.append(topic, queue_id, BODY, keys=[f"key-{number}"], tag=f"t{number % 4}",
+                             born_ts_ms=1_000 + number)  # fmt: skip
+        else:
+            parts.log.append(topic, queue_id, BODY, keys=[f"key-{number}"])
+    while dispatcher.dispatch_available(bytes_max=3_000):
+        pass
+    assert dispatcher.position == parts.log.write_position
+    _assert_matches_log(parts)
+    for topic in TOPICS:
+        for queue_id in range(3):
+            records = [r for r in parts.log.iter_records(0)
+                       if (r.topic, r.queue_id) == (topic, queue_id)]  # fmt: skip
+            queue = parts.queues.queue(topic, queue_id)
+            units = queue.get_range(0, len(records))
+            assert [int(u["tag_hash"]) for u in units] == [
+                tag_hash(r.tag.encode()) if r.tag else 0 for r in records
+            ]
+            want = [r.born_ts_ms if topic == "orders" else r.store_ts_ms for r in records]
+            assert queue.timestamps(0, len(records)).tolist() == want
 
 
 def test_a_round_budget_ending_inside_a_record_prefix_still_advances(parts):

@@ -588,3 +588,52 @@ def test_a_put_is_never_failed_by_the_dispatch_it_helps_with(open_store, monkeyp
     assert [r.queue_offset for r in results] == [1, 2, 3, 4, 5]
     bodies = [bytes(m.body) for m in store.get("t", 0, 0, 20)]
     assert bodies == [b"first", b"m0", b"m1", b"m2", b"m3", b"m4", b"b0", b"b1"]
+
+
+def test_put_checks_a_queue_once_and_still_refuses_what_it_must(tmp_path, open_store):
+    """put remembers the queues it checked (put's one-lookup path), and still
+    refuses: a bool queue id, a partition that does not exist, a failed dispatcher,
+    a closed store, a read-only one."""
+    from mqstore import DispatchFailedError, UnknownTopicError
+
+    store = open_store(StoreConfig(**SMALL, auto_create_topics=False))
+    store.create_topic("orders", 2)
+    store.put("orders", 1, b"checked")
+    assert ("orders", 1) in store._put_queues
+    with pytest.raises(InvalidTypeError, match="queue_id must be an int, not bool"):
+        store.put("orders", True, b"x")  # hashes as 1: the CommitLog still checks it
+    for _ in range(2):  # refused every time, never remembered
+        with pytest.raises(UnknownTopicError):
+            store.put("orders", 2, b"x")
+    assert ("orders", 2) not in store._put_queues
+    with pytest.raises(InvalidTypeError):
+        store.put(["not", "hashable"], 0, b"x")  # type: ignore[arg-type]
+    dispatcher = store._dispatcher
+    assert dispatcher is not None
+    dispatcher.failure = DispatchFailedError(0, "injected")
+    with pytest.raises(DispatchFailedError):
+        store.put("orders", 1, b"x")
+    dispatcher.failure = None
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.put("orders", 1, b"x")
+    reader = MessageStore.open(tmp_path / "store", StoreConfig(**SMALL), read_only=True)
+    try:
+        with pytest.raises(ReadOnlyStoreError):
+            reader.put("orders", 1, b"x")
+    finally:
+        reader.close()
+
+
+def test_put_helps_dispatch_past_the_backlog(open_store, monkeypatch):
+    """Backpressure still holds with put's threshold: a producer far ahead of the
+    dispatcher dispatches before its put returns."""
+    from mqstore import store as store_module
+
+    monkeypatch.setattr(store_module, "DISPATCH_BACKLOG_MAX_BYTES", 1_000)
+    store = open_store(StoreConfig(**{**SMALL, "dispatch_interval_ms": 1_000}))
+    store.commitlog.set_append_listener(None)  # the dispatcher thread sleeps on
+    results = [store.put("orders", 0, b"x" * 100) for _ in range(50)]
+    dispatcher = store._dispatcher
+    assert dispatcher is not None
+    assert results[-1].physical_offset - dispatcher.position <= 1_000

@@ -1,0 +1,117 @@
+"""The recovery scan of the CommitLog: where the log ends, and what appends need.
+
+``scan_log`` walks the files from a record boundary known valid (the checkpoint's),
+verifying every record (``scan_records``, C when built, a run of records per call),
+and stops at the first place that is not a valid record: zeros (the unwritten rest of
+a file), a record that does not verify, or the end of the files; an end-of-file blank
+record moves it to the next file. No Record object is built per record.
+
+It returns that end and folds what the scanned records say into the queue-offset
+table (each queue's next offset) and the newest store timestamp: records past the
+checkpoint may not be in their ConsumeQueues yet, and the first append to a queue must
+already count them. ``CommitLog.open`` then truncates the log at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
+from mqstore.commitlog.file_queue import MappedFileQueue
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import (
+    HEADER_SIZE,
+    SCAN_INVALID,
+    SCAN_LIMIT,
+    SCAN_ZEROS,
+    decode,
+    scan_records,
+)
+
+__all__ = ["SCAN_ROWS", "scan_log"]
+
+log = logging.getLogger(__name__)
+
+SCAN_ROWS = 1 << 16  # records verified per scan_records call; bounds the column arrays
+
+
+class _Columns:
+    """scan_records' output arrays, SCAN_ROWS rows each."""
+
+    __slots__ = ("positions", "queue_ids", "queue_offsets", "sizes", "stamps", "topic_hashes",
+                 "topic_lens")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.positions = np.empty(SCAN_ROWS, dtype=np.int64)
+        self.sizes = np.empty(SCAN_ROWS, dtype=np.int32)
+        self.queue_offsets = np.empty(SCAN_ROWS, dtype=np.int64)
+        self.queue_ids = np.empty(SCAN_ROWS, dtype=np.int32)
+        self.stamps = np.empty(SCAN_ROWS, dtype=np.int64)
+        self.topic_lens = np.empty(SCAN_ROWS, dtype=np.uint8)
+        self.topic_hashes = np.empty(SCAN_ROWS, dtype=np.uint64)
+
+
+def scan_log(
+    files: MappedFileQueue, start: int, table: dict[tuple[str, int], int], newest_ts_ms: int
+) -> tuple[int, int]:
+    """Scan from ``start`` (see the module).
+
+    Args:
+        files: the log's files.
+        start: a record boundary known valid.
+        table: the queue-offset table, updated in place.
+        newest_ts_ms: the newest store timestamp known before the scan.
+
+    Returns:
+        (end, newest store timestamp): where the log ends, and the larger of
+        ``newest_ts_ms`` and every scanned record's store timestamp.
+    """
+    columns = _Columns()
+    position = start
+    while True:
+        try:
+            mapped = files.find(position)
+        except OffsetOutOfRangeError:
+            return position, newest_ts_ms
+        in_file = position - mapped.start_offset
+        end, count, status = scan_records(
+            mapped.mapping, in_file, mapped.size_bytes, mapped.start_offset, columns.positions,
+            columns.sizes, columns.queue_offsets, columns.queue_ids, columns.stamps,
+            columns.topic_lens, columns.topic_hashes,
+        )  # fmt: skip
+        if count:
+            newest_ts_ms = max(newest_ts_ms, _absorb(mapped, count, columns, table))
+        position = mapped.start_offset + end
+        if status == SCAN_INVALID:
+            try:  # the reason, for the log
+                decode(mapped.mapping, end, mapped.size_bytes, mapped.path, mapped.start_offset)
+            except CorruptDataError as error:
+                log.warning("CommitLog ends at %d: %s", position, error)
+            return position, newest_ts_ms
+        if status in (SCAN_ZEROS, SCAN_LIMIT):
+            return position, newest_ts_ms
+        # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
+
+
+def _absorb(
+    mapped: MappedFile, count: int, columns: _Columns, table: dict[tuple[str, int], int]
+) -> int:
+    """Fold a run of scanned records into the queue-offset table (one Python step per
+    queue, not per record); returns the run's newest store timestamp."""
+    hashes = columns.topic_hashes[:count]
+    ids, offsets = columns.queue_ids[:count], columns.queue_offsets[:count]
+    order = np.lexsort((offsets, ids, hashes))
+    hashes, ids = hashes[order], ids[order]
+    last = np.flatnonzero(
+        np.append((hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1]), True)
+    )  # the last row of each (topic, queue) group holds its highest offset
+    for row in order[last].tolist():
+        at = int(columns.positions[row]) + HEADER_SIZE
+        topic = str(mapped.mapping[at : at + int(columns.topic_lens[row])], "ascii")
+        key = (topic, int(columns.queue_ids[row]))
+        offset = int(columns.queue_offsets[row])
+        if offset >= table.get(key, 0):
+            table[key] = offset + 1
+    return int(columns.stamps[:count].max())
