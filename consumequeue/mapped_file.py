@@ -365,6 +365,7 @@ def create_file(
     *,
     in_place: bool = False,
     reserved: Sequence[tuple[int, int]] = (),
+    sync_size: bool = False,
 ) -> None:
     """Build ``path`` at ``size_bytes`` with ``writes`` (position, bytes) done by pwrite.
 
@@ -374,7 +375,9 @@ def create_file(
     once its unit file exists. A stale file of that name is removed first, never
     truncated (a reader may still map the old one). Writes less than a page apart are
     merged into one pwrite (the gap is written as the zeros it already holds: the page
-    is written back whole either way).
+    is written back whole either way). ``sync_size``: fsync the file before the rename,
+    so that its name never becomes durable (by any later fsync of the directory)
+    without its size: a power cut then cannot leave it short under its final name.
 
     Raises:
         DiskFullError: no room to allocate the file.
@@ -400,6 +403,8 @@ def create_file(
         for position, data in _merge_writes(writes):
             written = os.pwrite(fd, data, position)
             assert written == len(data)
+        if sync_size:
+            os.fsync(fd)
         if not in_place:
             os.rename(build_path, path)
     except OSError as error:

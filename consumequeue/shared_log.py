@@ -278,7 +278,7 @@ class SharedUnitLog:
         assert file_index == self._file_hi
         make_directories(self.directory, lambda _: self._note_directories())
         path = self._path(file_index)
-        create_file(path, self._file_bytes, [])
+        create_file(path, self._file_bytes, [], sync_size=True)  # never short after a cut
         self._note_directories()
         if self._fd is not None:
             os.close(self._fd)

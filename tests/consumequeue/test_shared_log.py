@@ -13,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.commitlog.errors import CorruptDataError
-from mqstore.consumequeue.format import SHARED_RECORD, SHARED_RECORD_SIZE_BYTES, UNIT
+from mqstore.consumequeue.format import (
+    SHARED_RECORD,
+    SHARED_RECORD_SIZE_BYTES,
+    TEMP_SUFFIX,
+    UNIT,
+)
 from mqstore.consumequeue.shared_log import SharedUnitLog
 
 RECORDS_PER_FILE = 5  # small: appends, cuts and retention cross file boundaries
@@ -217,6 +222,22 @@ def test_reload_keeps_units_and_order(tmp_path: Any) -> None:
     assert again.units(1, 0, 4)["commitlog_offset"].tolist() == [101, 104, 107, 110]
     assert not again.can_append(111) and again.can_append(112)
     again.close()
+
+
+def test_a_new_file_has_a_durable_size_before_its_name(tmp_path: Any, syscalls: Any) -> None:
+    """Regression (power-loss harness, seed 14000064): a shared file's name became
+    durable (by a later fsync of its directory) while its size did not, and after the
+    cut open refused "file is 0 bytes, expected ...". The size is synced before the
+    rename now."""
+    directory = str(tmp_path / "t" / ".shared")
+    shared = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    rows = [(q % 3, q // 3, 100 + q, 50, 7, 9) for q in range(2 * RECORDS_PER_FILE)]
+    shared.append(*_columns(rows))  # type: ignore[arg-type]
+    shared.close()
+    for index in range(2):
+        final = os.path.join(directory, _name(index))
+        renamed = syscalls.events.index(("rename", final))
+        assert ("fsync", final + TEMP_SUFFIX) in syscalls.events[:renamed], syscalls.events
 
 
 def test_append_stops_at_out_of_order_commitlog_offset(tmp_path: Any) -> None:
