@@ -12,13 +12,13 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The tests include the Spark data source, so the dev install takes the spark extra too.
-$(STAMP): pyproject.toml setup.py commitlog/_native.c | $(PY)
+$(STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # The demo needs the package alone: no dev tools, no Spark.
 DEMO_STAMP := $(VENV)/.installed-demo
-$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c | $(PY)
+$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $(DEMO_STAMP)
 
@@ -45,6 +45,7 @@ unit: $(STAMP) fuse-deps
 # The pure-Python twins of the C module: what a machine without a C compiler runs.
 PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile \
 	tests/mqstore/test_store.py tests/mqstore/test_store_model.py \
+	tests/mqstore/test_reader.py tests/mqstore/test_batch.py tests/mqstore/test_engine.py \
 	tests/mqstore/test_corruption.py tests/mqstore/test_kafka.py tests/mqstore/test_kafka_producer.py
 unit-pure: $(STAMP)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
@@ -72,7 +73,7 @@ soak: $(STAMP)
 pipeline: $(STAMP)
 	$(PY) -m examples.pipeline --path ./pipeline-data
 
-$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c | $(PY)
+$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(BENCH_STAMP)
 

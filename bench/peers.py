@@ -129,9 +129,28 @@ def run_sqlite(directory: str, window_s: float, synchronous: str) -> dict[str, f
 
 
 def open_lmdb(path: str, sync: bool, writemap: bool = False) -> lmdb.Environment:
-    """An lmdb environment as the peers use it (``writemap``: writes go through a
-    shared writable mapping, lmdb's fastest per-commit form)."""
+    """An lmdb environment as the peers use it: LMDB_MAP_BYTES of map, ``sync`` per
+    commit (``writemap``: writes go through a shared writable mapping, lmdb's fastest
+    per-commit form)."""
     return lmdb.open(path, map_size=LMDB_MAP_BYTES, sync=sync, writemap=writemap)
+
+
+def lmdb_put_batch(env: lmdb.Environment, first: int, count: int) -> None:
+    """One write transaction of ``count`` VALUEs under keys ``first``.. (8-byte
+    big-endian, so that key order is offset order and ``append=True`` holds)."""
+    with env.begin(write=True) as txn:
+        txn.cursor().putmulti(
+            [((first + j).to_bytes(8, "big"), VALUE) for j in range(count)], append=True
+        )
+
+
+def lmdb_scan(env: lmdb.Environment) -> int:
+    """Read everything back in key order with a cursor; the number of values read."""
+    got = 0
+    with env.begin() as txn:
+        for _key, _value in txn.cursor():
+            got += 1
+    return got
 
 
 def lmdb_put_one(env: lmdb.Environment) -> Callable[[int], None]:
@@ -149,20 +168,11 @@ def run_lmdb(directory: str, window_s: float, sync: bool) -> dict[str, float]:
     rate, _ = _timed(window_s, MAX_SINGLE, lmdb_put_one(single))
     single.close()
     env = open_lmdb(f"{directory}/batch", sync)
-
-    def put_batch(b: int) -> None:
-        base = b * BATCH
-        with env.begin(write=True) as txn:
-            txn.cursor().putmulti(
-                [((base + j).to_bytes(8, "big"), VALUE) for j in range(BATCH)], append=True
-            )
-
-    batch_rate, batches = _timed(window_s, MAX_BATCHES, put_batch, 1)
+    batch_rate, batches = _timed(
+        window_s, MAX_BATCHES, lambda b: lmdb_put_batch(env, b * BATCH, BATCH), 1
+    )
     started = time.perf_counter()
-    got = 0
-    with env.begin() as txn:
-        for _key, _value in txn.cursor():
-            got += 1
+    got = lmdb_scan(env)
     read_s = time.perf_counter() - started
     assert got == batches * BATCH, (got, batches)
     env.close()

@@ -858,7 +858,9 @@ def decode_run(
     Every record must lie in this file (``buffer``, starting at physical
     ``file_start``), verify its checksum, and be exactly the unit's record: its size,
     topic, queue id, queue offset (``first_queue_offset + i``) and physical offset.
-    This is ``decode`` with the expectations folded in, one loop, for bulk reads.
+    This is ``decode`` with the expectations folded in, one loop, for bulk reads. The
+    store reads through ``columns.read_columns`` (the same checks, gathered into
+    columns); this stays the reference tests/commitlog/test_columns.py holds it to.
 
     Raises:
         CorruptDataError: the first record that fails, with its position in the file.

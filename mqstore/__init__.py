@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mqstore.batch import MessageBatch
     from mqstore.commitlog.errors import (
         ConfigError,
         CorruptDataError,
@@ -81,6 +82,7 @@ _EXPORTS = {
     "NewPartitions": "mqstore.kafka_admin",
     "NewTopic": "mqstore.kafka_admin",
     "Message": "mqstore.message",
+    "MessageBatch": "mqstore.batch",
     "PutResult": "mqstore.message",
     "MessageStore": "mqstore.store",
     "TopicConfig": "mqstore.topics",
@@ -118,6 +120,7 @@ __all__ = [
     "KafkaTimeoutError",
     "LimitExceededError",
     "Message",
+    "MessageBatch",
     "MessageStore",
     "NewPartitions",
     "NewTopic",

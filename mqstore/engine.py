@@ -20,12 +20,15 @@ Semantics every engine keeps, as in Kafka:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import attrs
+
+from mqstore.commitlog.columns import tuples
 from mqstore.offsets import OffsetStore
 from mqstore.topics import TopicConfig
 
-__all__ = ["AppendedRecord", "Engine", "EngineRecord", "ProducerRecord"]
+__all__ = ["AppendedRecord", "Engine", "EngineBatch", "EngineRecord", "ProducerRecord"]
 
 TIMESTAMP_CREATE_TIME = 0  # Kafka's timestamp_type codes
 TIMESTAMP_LOG_APPEND_TIME = 1
@@ -63,6 +66,41 @@ class EngineRecord(NamedTuple):
     serialized_key_size: int
     serialized_value_size: int
     serialized_header_size: int
+
+
+@attrs.frozen
+class EngineBatch:
+    """Records read back, one list per EngineRecord field (record i is item i of
+    each): what the adapter builds its ConsumerRecords from without an EngineRecord
+    per record. Every ``headers`` item is a list of its own."""
+
+    offsets: list[int]
+    timestamps_ms: list[int]
+    timestamp_types: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[tuple[str, bytes]]]
+    checksums: list[int | None]
+    serialized_key_sizes: list[int]
+    serialized_value_sizes: list[int]
+    serialized_header_sizes: list[int]
+
+    def __attrs_post_init__(self) -> None:
+        lengths = {len(column) for column in attrs.astuple(self, recurse=False)}
+        assert len(lengths) <= 1, f"EngineBatch columns differ in length: {lengths}"
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def records(self) -> list[EngineRecord]:
+        """The records, one EngineRecord each (made column by column, in C when built)."""
+        return tuples(EngineRecord, attrs.astuple(self, recurse=False))
+
+    @classmethod
+    def of_records(cls, records: Sequence[EngineRecord]) -> EngineBatch:
+        """The batch of records read one by one (an engine without a bulk read)."""
+        columns: list[Any] = [list(column) for column in zip(*records, strict=True)]
+        return cls(*columns) if columns else cls(*([] for _ in range(10)))
 
 
 @runtime_checkable
@@ -106,6 +144,10 @@ class Engine(Protocol):
     def read_records(
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[EngineRecord]: ...
+
+    def read_batch(self, topic: str, partition: int, offset: int, max_records: int) -> EngineBatch:
+        """``read_records`` as columns (what ``KafkaConsumer.poll`` reads)."""
+        ...
 
     def earliest_offset(self, topic: str, partition: int) -> int: ...
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
+from mqstore.commitlog.columns import tuples
 from mqstore.commitlog.errors import (
     IllegalStateError,
     InvalidArgumentError,
@@ -36,7 +37,7 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from mqstore.engine import Engine
+from mqstore.engine import Engine, EngineBatch
 from mqstore.kafka_producer import (
     FutureRecordMetadata,
     KafkaProducer,
@@ -425,17 +426,17 @@ class KafkaConsumer:
             if position is None:
                 position = self._resolve_position(tp)
             try:
-                records = self._store.read_records(tp.topic, tp.partition, position, limit - count)
+                batch = self._store.read_batch(tp.topic, tp.partition, position, limit - count)
             except OffsetOutOfRangeError:  # retention moved the log start meanwhile
                 self._reset(tp, position)
                 continue
-            if not records:
+            if not len(batch):
                 continue
-            result[tp] = [self._to_consumer_record(tp, record) for record in records]
-            count += len(records)
-            self._records_consumed += len(records)
+            result[tp] = self._consumer_records(tp, batch)
+            count += len(batch)
+            self._records_consumed += len(batch)
             if update_offsets:
-                self._positions[tp] = records[-1].offset + 1
+                self._positions[tp] = batch.offsets[-1] + 1
         # The next poll goes on after the last partition this one visited (Kafka's
         # fetch order), instead of re-reading the partitions it just drained.
         self._next_partition = start + max(visited, 1)
@@ -447,21 +448,23 @@ class KafkaConsumer:
             active = self._active = [tp for tp in self._assignment if tp not in self._paused]
         return active
 
-    def _to_consumer_record(self, tp: TopicPartition, record: Any) -> ConsumerRecord:
+    def _consumer_records(self, tp: TopicPartition, batch: EngineBatch) -> list[ConsumerRecord]:
+        """The batch's records as ConsumerRecords, deserialized: made column by
+        column (``tuples``, C when built), no Python frame per record."""
+        count = len(batch)
+        keys, values = batch.keys, batch.values
         key_deserializer = self.config["key_deserializer"]
         value_deserializer = self.config["value_deserializer"]
-        key = record.key
-        value = record.value
-        if key is not None and key_deserializer is not None:
-            key = key_deserializer(key)
-        if value is not None and value_deserializer is not None:
-            value = value_deserializer(value)
-        return ConsumerRecord(
-            tp.topic, tp.partition, -1, record.offset, record.timestamp_ms,
-            record.timestamp_type, key, value, record.headers, record.checksum,
-            record.serialized_key_size, record.serialized_value_size,
-            record.serialized_header_size,
-        )  # fmt: skip
+        if key_deserializer is not None:
+            keys = [None if key is None else key_deserializer(key) for key in keys]
+        if value_deserializer is not None:
+            values = [None if value is None else value_deserializer(value) for value in values]
+        constants = [tp.topic] * count, [tp.partition] * count, [-1] * count
+        return tuples(ConsumerRecord, (
+            *constants, batch.offsets, batch.timestamps_ms, batch.timestamp_types, keys, values,
+            batch.headers, batch.checksums, batch.serialized_key_sizes,
+            batch.serialized_value_sizes, batch.serialized_header_sizes,
+        ))  # fmt: skip
 
     def __iter__(self) -> KafkaConsumer:
         return self

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +61,7 @@ from mqstore.commitlog.lock import (
     power_loss_possible,
     read_abort,
 )
-from mqstore.commitlog.mapped_file import MappedFile
-from mqstore.commitlog.record import decode_run, validate_topic
+from mqstore.commitlog.record import validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
@@ -72,6 +71,9 @@ from mqstore.indexfile import IndexConfig, IndexService
 from mqstore.indexfile.format import key_hash
 from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
+from mqstore.reader import StoreReader
+from mqstore.reader import check_count as _check_count
+from mqstore.reader import check_offset as _check_offset
 from mqstore.room import check_room_for_first_files
 from mqstore.services import Scheduler
 from mqstore.topics import TopicRegistry
@@ -82,7 +84,6 @@ log = logging.getLogger(__name__)
 
 _new_put_result = partial(tuple.__new__, PutResult)  # a NamedTuple without its __new__
 
-GET_MESSAGES_MAX = 10_000  # one get() returns at most this many messages
 QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
 QUEUE_ID_MAX = 2**31 - 1
 READ_ONLY_POLL_S = 0.001
@@ -93,10 +94,11 @@ READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed
 DISPATCH_BACKLOG_MAX_BYTES = 256 << 10  # about 1,500 100-byte messages
 
 
-class MessageStore(CommitLogEngine):
+class MessageStore(CommitLogEngine, StoreReader):
     """An embedded, persistent message store. Build with ``MessageStore.open``.
 
-    It is also an engine for the Kafka-style adapter (see ``CommitLogEngine``)."""
+    Its read path (``get``, ``get_batch``) lives in mqstore.reader; it is also an
+    engine for the Kafka-style adapter (see ``CommitLogEngine``)."""
 
     def __init__(self, root: str, config: StoreConfig, read_only: bool) -> None:
         self.root = root
@@ -784,86 +786,6 @@ class MessageStore(CommitLogEngine):
         self._check_open()
         return int(self._queue(topic, queue_id).max_offset)
 
-    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[Message]:
-        """Messages of (topic, queue_id) from ``offset``, at most ``max_messages``.
-
-        An offset equal to max_offset returns []. Every returned message was verified
-        against its checksum; its body is a zero-copy view.
-
-        Raises:
-            UnknownTopicError: ``queue_id`` is not a partition of ``topic``.
-            OffsetOutOfRangeError: ``offset`` < min_offset or > max_offset.
-            CorruptDataError: a record fails verification (never returned).
-        """
-        self._check_open()
-        _check_count("max_messages", max_messages, GET_MESSAGES_MAX)
-        _check_offset(offset)
-        queue = self._queue(topic, queue_id)
-        messages: list[Message] = []
-        while len(messages) < max_messages:
-            units = queue.get_range(offset, max_messages - len(messages))
-            if len(units) == 0:
-                break
-            physicals = units["commitlog_offset"]
-            sizes = units["size"]
-            start = 0
-            while start < len(physicals):  # one run per CommitLog file the units touch
-                mapped = self._file_of_unit(
-                    queue, topic, queue_id, offset + start, int(physicals[start])
-                )
-                file_end = mapped.start_offset + mapped.size_bytes
-                # Units are in log order: the run ends at the first unit past the file.
-                stop = max(start + 1, int(np.searchsorted(physicals, file_end, side="left")))
-                try:
-                    run = decode_run(
-                        mapped.mapping,
-                        mapped.path,
-                        mapped.start_offset,
-                        physicals[start:stop],
-                        sizes[start:stop],
-                        topic,
-                        queue_id,
-                        offset + start,
-                        Message,
-                    )
-                except ValueError:
-                    if not mapped.mapping.closed:
-                        raise
-                    self._raise_file_gone(topic, queue_id, offset + start, mapped)
-                messages.extend(run)
-                start = stop
-            offset += len(units)
-        return messages
-
-    def _raise_file_gone(
-        self, topic: str, queue_id: int, queue_offset: int, mapped: MappedFile
-    ) -> NoReturn:
-        """A CommitLog file was unmapped between finding it and reading it: retention
-        deleted it (or the store closed). Never a bare ``ValueError: mmap closed``."""
-        self._check_open()
-        raise OffsetOutOfRangeError(
-            f"{topic}/{queue_id}@{queue_offset} was in {mapped.path}, which retention "
-            f"deleted during the read; the log now starts at {self.commitlog.min_position}"
-        )
-
-    def _file_of_unit(
-        self, queue: Any, topic: str, queue_id: int, queue_offset: int, physical: int
-    ) -> MappedFile:
-        """The CommitLog file a unit points into. A unit below the log start means
-        retention (OffsetOutOfRangeError); anywhere else outside the log, the unit
-        itself is corrupt."""
-        try:
-            return self.commitlog.file_for(physical)
-        except OffsetOutOfRangeError:
-            if 0 <= physical < self.commitlog.min_position:  # < 0: never a log offset
-                raise
-            raise CorruptDataError(
-                queue.directory,
-                queue_offset * 20,
-                f"unit of {topic}/{queue_id}@{queue_offset} points at {physical}, "
-                "outside the CommitLog",
-            ) from None
-
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
         """The first queue offset whose timestamp is >= ``timestamp_ms`` (the topic's
         CreateTime or LogAppendTime), or None when there is none."""
@@ -1040,20 +962,3 @@ def _check_queue_id(queue_id: object) -> None:
         raise InvalidTypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
     if not 0 <= int(queue_id) <= QUEUE_ID_MAX:
         raise InvalidArgumentError(f"queue_id {queue_id} is outside [0, {QUEUE_ID_MAX}]")
-
-
-def _check_offset(value: object, name: str = "offset") -> None:
-    """Offsets and timestamps are non-negative ints; a negative offset is out of range."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 0:
-        if name == "offset":
-            raise OffsetOutOfRangeError(f"offset {value} is negative")
-        raise InvalidArgumentError(f"{name} {value} is negative")
-
-
-def _check_count(name: str, value: object, maximum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not 1 <= value <= maximum:
-        raise InvalidArgumentError(f"{name} must be in [1, {maximum}], not {value}")

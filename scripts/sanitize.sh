@@ -46,13 +46,16 @@ case "$MODE" in
     *) echo "usage: $0 [quick|full]" >&2; exit 2 ;;
 esac
 # The tests that call C: the native functions themselves, the Appender against its twin,
-# the CommitLog (encoders, recovery's scan_records, Appender.append), the tail writer
-# and the dispatcher (write_units, feed_columns), and the
-# crafted-ConsumeQueue-unit test through MessageStore.get (verify_records).
+# the columnar read (read_columns, slices, rows, tuples) alone and through
+# MessageStore.get_batch, the CommitLog (encoders, recovery's scan_records,
+# Appender.append), the tail writer and the dispatcher (write_units, feed_columns), and
+# the crafted-ConsumeQueue-unit test through MessageStore.get.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
     tests/commitlog/test_appender.py
+    tests/commitlog/test_columns.py
+    tests/mqstore/test_reader.py
     tests/commitlog/test_commitlog.py
     tests/commitlog/test_recovery.py
     tests/consumequeue/test_tail_writer.py

@@ -63,7 +63,7 @@ from mqstore.commitlog.errors import (
 from mqstore.commitlog.flush import GroupCommitService
 from mqstore.commitlog.lock import StoreLock
 from mqstore.commitlog.record import validate_topic
-from mqstore.engine import AppendedRecord, EngineRecord, ProducerRecord
+from mqstore.engine import AppendedRecord, EngineBatch, EngineRecord, ProducerRecord
 from mqstore.offsets import OffsetStore
 from mqstore.segmented import batch_builder
 from mqstore.segmented.checkpoint import read_offsets, write_offsets
@@ -520,6 +520,11 @@ class SegmentedStore:
         _check_offset(offset, "offset")
         _check_count("max_records", max_records, READ_RECORDS_MAX)
         return partition_log.read(offset, max_records, FETCH_BYTES_MAX)
+
+    def read_batch(self, topic: str, partition: int, offset: int, max_records: int) -> EngineBatch:
+        """``read_records`` as columns (the engine interface's bulk read): this
+        engine decodes Kafka record batches record by record, so it regroups them."""
+        return EngineBatch.of_records(self.read_records(topic, partition, offset, max_records))
 
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The log start offset."""

@@ -330,13 +330,13 @@ def test_polls_go_on_after_the_last_partition_read(engine):
     consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
     consumer.assign([TopicPartition("rr", p) for p in range(8)])
     calls = []
-    read = engine.read_records
+    read = engine.read_batch  # what poll reads through
 
     def counting(topic, partition, offset, max_records):
         calls.append(partition)
         return read(topic, partition, offset, max_records)
 
-    engine.read_records = counting
+    engine.read_batch = counting
     order = []
     for _ in range(4):  # each poll takes two whole partitions
         for tp, records in consumer.poll(timeout_ms=0, max_records=10).items():

@@ -1,0 +1,218 @@
+"""The read path of MessageStore: ``get`` (Messages) and ``get_batch`` (columns).
+
+Both read the same way. The ConsumeQueue gives units from the offset (``get_range``
+stops at the end of each queue file); the units are cut into runs, one per CommitLog
+file they point into, and each run is read and verified in one call
+(``mqstore.batch.read_run``, C when built): every record must be exactly its unit's,
+checksum included, or the read raises CorruptDataError. ``get`` then makes one
+Message per row; ``get_batch`` hands the columns back.
+
+A unit below the CommitLog's start means retention deleted the message
+(OffsetOutOfRangeError); a unit anywhere else outside the log is corrupt. A file that
+retention unmaps between the look-up and the read is OffsetOutOfRangeError too, never
+a bare ``ValueError: mmap closed``. Mixed into MessageStore, like CommitLogEngine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+import numpy as np
+
+from mqstore.batch import MessageBatch, read_run
+from mqstore.commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    OffsetOutOfRangeError,
+)
+
+if TYPE_CHECKING:
+    from mqstore.commitlog.commitlog import CommitLog
+    from mqstore.commitlog.mapped_file import MappedFile
+    from mqstore.message import Message
+
+__all__ = [
+    "GET_BATCH_BYTES_DEFAULT",
+    "GET_BATCH_BYTES_MAX",
+    "GET_BATCH_MESSAGES_DEFAULT",
+    "GET_BATCH_MESSAGES_MAX",
+    "GET_MESSAGES_MAX",
+    "StoreReader",
+    "check_count",
+    "check_offset",
+]
+
+GET_MESSAGES_MAX: Final = 10_000  # one get() returns at most this many messages
+#: One get_batch holds at most this many messages: its columns take 72 B a message
+#: besides the record bytes (4.7 MB at the maximum), and a larger read gains nothing.
+GET_BATCH_MESSAGES_MAX: Final = 65_536
+GET_BATCH_MESSAGES_DEFAULT: Final = 1_024
+#: The records of one get_batch total at most max_bytes (but it always holds at least
+#: one message): Kafka's fetch.max.bytes (50 MiB). The cap keeps a batch's bodies well
+#: under 2 GiB, what an Arrow binary column (int32 offsets) can address.
+GET_BATCH_BYTES_DEFAULT: Final = 64 << 20
+GET_BATCH_BYTES_MAX: Final = 1 << 30
+
+
+class StoreReader:
+    """Mixed into MessageStore: ``get`` and ``get_batch``."""
+
+    if TYPE_CHECKING:  # what MessageStore provides
+        commitlog: CommitLog
+
+        def _check_open(self) -> None: ...
+        def _queue(self, topic: str, queue_id: int) -> Any: ...
+
+    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[Message]:
+        """Messages of (topic, queue_id) from ``offset``, at most ``max_messages``.
+
+        An offset equal to max_offset returns []. Every returned message was verified
+        against its checksum. Bodies are read-only views into one copy of this call's
+        bodies (see Message): valid after retention, never a window into the log.
+
+        Raises:
+            UnknownTopicError: ``queue_id`` is not a partition of ``topic``.
+            OffsetOutOfRangeError: ``offset`` < min_offset or > max_offset.
+            CorruptDataError: a record fails verification (never returned).
+        """
+        self._check_open()
+        check_count("max_messages", max_messages, GET_MESSAGES_MAX)
+        check_offset(offset)
+        runs = self._read_runs(topic, queue_id, offset, max_messages, None)
+        if len(runs) == 1:
+            return runs[0].messages()
+        messages: list[Message] = []
+        for run in runs:
+            messages += run.messages()
+        return messages
+
+    def get_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = GET_BATCH_MESSAGES_DEFAULT,
+        *,
+        max_bytes: int = GET_BATCH_BYTES_DEFAULT,
+    ) -> MessageBatch:
+        """Messages of (topic, queue_id) from ``offset`` as columns (mqstore.batch):
+        at most ``max_messages``, and records of at most ``max_bytes`` in all (sizes
+        as stored, headers included) but always at least one message when there is
+        one. Verified as ``get`` verifies; nothing is made per message.
+
+        Raises:
+            UnknownTopicError: ``queue_id`` is not a partition of ``topic``.
+            OffsetOutOfRangeError: ``offset`` < min_offset or > max_offset, or
+                retention deleted the records while they were read.
+            InvalidArgumentError: ``max_messages`` or ``max_bytes`` out of range.
+            CorruptDataError: a record fails verification.
+        """
+        self._check_open()
+        check_count("max_messages", max_messages, GET_BATCH_MESSAGES_MAX)
+        check_count("max_bytes", max_bytes, GET_BATCH_BYTES_MAX)
+        check_offset(offset)
+        runs = self._read_runs(topic, queue_id, offset, max_messages, max_bytes)
+        return MessageBatch.concat(topic, queue_id, runs)
+
+    def _read_runs(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int | None
+    ) -> list[MessageBatch]:
+        """The runs from ``offset``: at most ``max_messages`` messages and, unless
+        ``max_bytes`` is None, records of at most that many bytes (one at least)."""
+        queue = self._queue(topic, queue_id)
+        runs: list[MessageBatch] = []
+        count = 0
+        budget = max_bytes
+        while count < max_messages:
+            units = queue.get_range(offset, max_messages - count)
+            if budget is not None and len(units):
+                taken = np.cumsum(units["size"], dtype=np.int64)
+                fits = int(np.searchsorted(taken, budget, side="right"))
+                budget = budget - int(taken[-1]) if fits == len(units) else 0
+                units = units[: max(fits, 0 if count else 1)]
+            if len(units) == 0:
+                break
+            runs += self._read_units(queue, topic, queue_id, offset, units)
+            offset += len(units)
+            count += len(units)
+            if budget == 0:
+                break
+        assert count <= max_messages
+        return runs
+
+    def _read_units(
+        self, queue: Any, topic: str, queue_id: int, offset: int, units: np.ndarray
+    ) -> list[MessageBatch]:
+        """Read the records ``units`` (queue offsets from ``offset``) point at: one run
+        per CommitLog file."""
+        physicals = units["commitlog_offset"]
+        sizes = units["size"]
+        runs = []
+        start = 0
+        while start < len(physicals):
+            physical = int(physicals[start])
+            mapped = self._file_of_unit(queue, topic, queue_id, offset + start, physical)
+            file_end = mapped.start_offset + mapped.size_bytes
+            # Units are in log order: the run ends at the first unit past the file.
+            stop = max(start + 1, int(np.searchsorted(physicals, file_end, side="left")))
+            try:
+                run = read_run(
+                    mapped.mapping, mapped.path, mapped.start_offset, physicals[start:stop],
+                    sizes[start:stop], topic, queue_id, offset + start,
+                )  # fmt: skip
+            except ValueError:
+                if not mapped.mapping.closed:
+                    raise
+                self._raise_file_gone(topic, queue_id, offset + start, mapped)
+            runs.append(run)
+            start = stop
+        assert start == len(physicals)
+        return runs
+
+    def _raise_file_gone(
+        self, topic: str, queue_id: int, queue_offset: int, mapped: MappedFile
+    ) -> NoReturn:
+        """A CommitLog file was unmapped between finding it and reading it: retention
+        deleted it (or the store closed). Never a bare ``ValueError: mmap closed``."""
+        self._check_open()
+        raise OffsetOutOfRangeError(
+            f"{topic}/{queue_id}@{queue_offset} was in {mapped.path}, which retention "
+            f"deleted during the read; the log now starts at {self.commitlog.min_position}"
+        )
+
+    def _file_of_unit(
+        self, queue: Any, topic: str, queue_id: int, queue_offset: int, physical: int
+    ) -> MappedFile:
+        """The CommitLog file a unit points into. A unit below the log start means
+        retention (OffsetOutOfRangeError); anywhere else outside the log, the unit
+        itself is corrupt."""
+        try:
+            return self.commitlog.file_for(physical)
+        except OffsetOutOfRangeError:
+            if 0 <= physical < self.commitlog.min_position:  # < 0: never a log offset
+                raise
+            raise CorruptDataError(
+                queue.directory,
+                queue_offset * 20,
+                f"unit of {topic}/{queue_id}@{queue_offset} points at {physical}, "
+                "outside the CommitLog",
+            ) from None
+
+
+def check_offset(value: object, name: str = "offset") -> None:
+    """Offsets and timestamps are non-negative ints; a negative offset is out of range."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        if name == "offset":
+            raise OffsetOutOfRangeError(f"offset {value} is negative")
+        raise InvalidArgumentError(f"{name} {value} is negative")
+
+
+def check_count(name: str, value: object, maximum: int) -> None:
+    """A count argument: an int in [1, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 1 <= value <= maximum:
+        raise InvalidArgumentError(f"{name} must be in [1, {maximum}], not {value}")
