@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -43,7 +42,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict
 
-from bench.common import load_sample, machine_info
+from bench.common import load_sample, machine_info, write_results
 from bench.peers import lmdb_put_one, open_lmdb
 from mqstore import KafkaProducer, MessageStore, StoreConfig
 from mqstore.commitlog.record import HEADER_SIZE
@@ -265,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": {"before": load_before, "after": load_sample()},
         **summary,
     }
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

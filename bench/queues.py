@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import load_sample, machine_info
+from bench.common import load_sample, machine_info, write_results
 
 TOPIC = "many"
 BODY_BYTES = 100
@@ -213,10 +213,7 @@ def main() -> None:
         "rounds": args.rounds,
         "cases": summary,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as out:
-        json.dump(report, out, indent=1)
-    print(f"wrote {args.output}")
+    write_results(args.output, report)
 
 
 if __name__ == "__main__":

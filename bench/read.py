@@ -32,10 +32,8 @@ before it existed) is reported as missing.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -44,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import machine_info, write_results
 from bench.peers import BATCH, VALUE, lmdb_put_batch, lmdb_scan, open_lmdb
 from mqstore import KafkaConsumer, MessageStore, StoreConfig
 from mqstore.kafka import TopicPartition
@@ -198,11 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": " ".join(["python", "-m", "bench.read", *argv]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine_info(),
         "messages": args.messages,
         "value_bytes": len(VALUE),
         "rounds": args.rounds,
@@ -234,10 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "ratio": ratio, "met": met})  # fmt: skip
         shown = "missing" if ratio is None else f"{ratio:.2f}x"
         print(f"target {case}/{name} >= {goal}x lmdb: {shown} {'MET' if met else 'MISSED'}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

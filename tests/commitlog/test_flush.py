@@ -170,6 +170,19 @@ def test_failed_sync_poisons_the_log_and_is_never_retried(tmp_path):
     again.close()
 
 
+def _writer(log, outcomes: list[BaseException | None]):
+    """A thread body that appends ``body`` and records what the writer got."""
+
+    def write(body: bytes) -> None:
+        try:
+            log.append("t", 0, body)
+            outcomes.append(None)
+        except BaseException as error:  # the test inspects what each writer got
+            outcomes.append(error)
+
+    return write
+
+
 def test_a_failed_group_sync_fails_every_waiting_writer(tmp_path):
     syncer = GatedSyncer()
     syncer.gate.set()
@@ -178,12 +191,7 @@ def test_a_failed_group_sync_fails_every_waiting_writer(tmp_path):
     syncer.entered.clear()
     outcomes: list[BaseException | None] = []
 
-    def write(body: bytes) -> None:
-        try:
-            log.append("t", 0, body)
-            outcomes.append(None)
-        except BaseException as error:  # the test inspects what each writer got
-            outcomes.append(error)
+    write = _writer(log, outcomes)
 
     leader = threading.Thread(target=write, args=(b"leader",))
     leader.start()
@@ -378,12 +386,7 @@ def test_an_interrupted_leader_hands_the_lead_on(tmp_path):
     log, gate = _open_gated(tmp_path)
     outcomes: list[BaseException | None] = []
 
-    def write(body: bytes) -> None:
-        try:
-            log.append("t", 0, body)
-            outcomes.append(None)
-        except BaseException as error:  # the test inspects what each writer got
-            outcomes.append(error)
+    write = _writer(log, outcomes)
 
     leader = threading.Thread(target=write, args=(b"L",))
     leader.start()
