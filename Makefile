@@ -77,12 +77,13 @@ $(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h 
 	$(PY) -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(BENCH_STAMP)
 
-# Design comparison and peers: rewrites bench/results/compare.json, bench/REPORT.md, bench/plots/.
+# Every benchmark the report draws on (bench/suite.py), then bench/REPORT.md and bench/plots/
+# from their JSON under bench/results/. Quick: about half an hour on this machine.
 bench: $(BENCH_STAMP)
-	$(PY) -m bench.compare --quick
+	$(PY) -m bench.suite
 
 bench-full: $(BENCH_STAMP)
-	$(PY) -m bench.compare --full
+	$(PY) -m bench.suite --full
 
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark

@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench import targets
+
 ENGINE_LABEL = {"commitlog": "CommitLog (mqstore)", "segmented": "segmented (Kafka design)"}
 
 
@@ -300,6 +302,73 @@ def _profile_summary(text: str) -> str:
     return f"most own time in `{top[5]}` ({top[1]} s over {top[0]} calls{share})"
 
 
+def _queues_claim(results_dir: str) -> list[str]:
+    """The seeds' claim at 100,000 queues on both engines, from bench/queues.py's JSON."""
+    try:
+        with open(os.path.join(results_dir, "queues.json"), encoding="utf-8") as handle:
+            cases = json.load(handle)["cases"]
+    except FileNotFoundError:
+        return []
+    one = cases.get("commitlog/1", {}).get("readable_msg_per_s")
+    lines = [
+        "## The seeds' claim with many queues, both engines (`python -m bench.queues`)",
+        "",
+        "| engine | queues | readable msg/s | x of 1 CommitLog queue | open fds | RSS growth |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, case in cases.items():
+        engine, queues = name.split("/")
+        if "readable_msg_per_s" not in case:
+            error = case["runs"][-1].get("error", "failed") if case.get("runs") else "failed"
+            lines.append(f"| {engine} | {int(queues):,} | {error} | | | |")
+            continue
+        rate = case["readable_msg_per_s"]
+        ratio = f"{rate / one:.2f}x" if one else "-"
+        fds, rss = case["open_fds_growth"], case["rss_growth_mib"]
+        lines.append(
+            f"| {engine} | {int(queues):,} | {rate:,.0f} | {ratio} | +{fds:,.0f} | +{rss:.0f} MiB |"
+        )
+    return [*lines, ""]
+
+
+def _value(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    unit = row.get("unit", "")
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:,.3g} {unit}"
+
+
+def _speed_targets(results_dir: str) -> list[str]:
+    """The performance targets every other benchmark recorded (bench/targets.py)."""
+    rows = targets.collect(results_dir)
+    if not rows:
+        return []
+    lines = [
+        "## Speed targets (each from its own benchmark, ratios measured in one run)",
+        "",
+        "| what | ours | compared with | theirs | ratio | target | met? | measured by |",
+        "|---|---:|---|---:|---:|---|---|---|",
+    ]
+    for r in rows:
+        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
+        lines.append(
+            f"| {r['row']} | {_value(r, 'value')} | {r.get('peer') or '-'} | "
+            f"{_value(r, 'peer_value')} | {ratio} | {r['target']} | "
+            f"{'MET' if r['met'] else 'MISSED'} | `{r['command']}` {r['started'][:10]} |"
+        )
+    lines.append("")
+    for r in rows:
+        if r["met"]:
+            continue
+        if r.get("profile"):
+            head = f"Why missed: *{r['row']}*: where the time goes (from {r['source']}):"
+            lines += [head, "", "```", r["profile"].rstrip(), "```", ""]
+        else:
+            lines += [f"Missed: *{r['row']}*: {r['source']} holds no profile.", ""]
+    return lines
+
+
 def generate(json_path: str, report_path: str, plots_dir: str) -> None:
     with open(json_path, encoding="utf-8") as handle:
         results = json.load(handle)
@@ -339,7 +408,8 @@ def generate(json_path: str, report_path: str, plots_dir: str) -> None:
         "them only then; the produce figure counts acknowledged appends). Messages go "
         "round-robin over partitions with an explicit `partition=`. Cells are median [min .. max].",
         "",
-        "## Targets (one run)",
+        *_speed_targets(os.path.dirname(os.path.abspath(json_path))),
+        "## Targets of the design comparison (one run)",
         "",
         *_targets_table(results),
         "",
@@ -390,6 +460,7 @@ def generate(json_path: str, report_path: str, plots_dir: str) -> None:
         f"![peers]({_rel(plots['peers'], report_dir)})",
         "",
         *_claim(results),
+        *_queues_claim(os.path.dirname(os.path.abspath(json_path))),
         *_noise(results),
     ]  # fmt: skip
     with open(report_path, "w", encoding="utf-8") as handle:
