@@ -21,13 +21,8 @@ renders them (``to_json``, ``to_text``).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import importlib
 import json
-import mmap
 import os
-import struct
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
@@ -36,6 +31,16 @@ import attrs
 import numpy as np
 import xxhash
 
+from mqstore.cli_dump_kafka import dump_batches, dump_offset_index, dump_time_index, walk_batches
+from mqstore.cli_files import (
+    Line,
+    is_digits,
+    mapped,
+    printable,
+    read_bytes,
+    to_json,
+    to_text,
+)
 from mqstore.commitlog import checkpoint as ckpt
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.commitlog.record import (
@@ -82,8 +87,6 @@ __all__ = [
     "walk_commitlog",
 ]
 
-Line = dict[str, Any]
-
 KINDS: Final = (
     "commitlog",
     "consumequeue",
@@ -96,174 +99,6 @@ KINDS: Final = (
     "segment-index",
     "segment-timeindex",
 )
-
-# ---------------------------------------------------------------- Kafka record batch v2
-#
-# The segmented engine's .log holds Kafka record batches v2, declared here from
-# Kafka's documented layout rather than imported, so dump reads files whatever state
-# the engine's code is in. Big-endian; a 61-byte header, then the records.
-BATCH_HEADER: Final = struct.Struct(
-    ">"
-    "q"  # base_offset: offset of the first record
-    "i"  # length: bytes after this field
-    "i"  # partition_leader_epoch
-    "b"  # magic: 2
-    "I"  # crc: CRC-32C of bytes [21, end of batch)
-    "h"  # attributes: bits 0-2 compression, bit 3 LogAppendTime, 4 transactional, 5 control
-    "i"  # last_offset_delta
-    "q"  # base_timestamp
-    "q"  # max_timestamp
-    "q"  # producer_id
-    "h"  # producer_epoch
-    "i"  # base_sequence
-    "i"  # records_count
-)
-assert BATCH_HEADER.size == 61
-LOG_OVERHEAD: Final = struct.Struct(">qi")  # base_offset, length: what length leaves out
-assert LOG_OVERHEAD.size == 12
-CRC_FROM: Final = 21  # the CRC covers the batch from the attributes on
-BATCH_MAGIC: Final = 2
-COMPRESSION_MASK: Final = 0x07
-LOG_APPEND_TIME_MASK: Final = 0x08
-TRANSACTIONAL_MASK: Final = 0x10
-CONTROL_MASK: Final = 0x20
-VARINT_BYTES_MAX: Final = 10  # a zig-zag int64 takes at most 10 bytes
-OFFSET_ENTRY: Final = struct.Struct(">ii")  # .index: relative offset, position in the .log
-TIME_ENTRY: Final = struct.Struct(">qi")  # .timeindex: timestamp ms, relative offset
-assert OFFSET_ENTRY.size == 8
-assert TIME_ENTRY.size == 12
-_CRC32C_POLY_REVERSED: Final = 0x82F63B78  # Castagnoli
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ _CRC32C_POLY_REVERSED if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE: Final = _crc32c_table()
-
-
-def _crc32c_python(data: bytes | memoryview) -> int:
-    crc = 0xFFFFFFFF
-    table = _TABLE
-    for byte in bytes(data):
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _load_crc32c() -> Callable[[bytes | memoryview], int]:
-    """The C implementation when the ``crc32c`` package is there (the segmented
-    engine needs it), else the table one (slow, but dump and verify still work)."""
-    try:
-        fast: Callable[[bytes | memoryview], int] = importlib.import_module("crc32c").crc32c
-    except ImportError:
-        return _crc32c_python
-    return fast
-
-
-crc32c: Final = _load_crc32c()
-assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def to_json(value: Any) -> Any:
-    """A JSON-ready copy: a bytes field ``name`` becomes ``name`` (UTF-8 text) or
-    ``name_base64`` when it is not UTF-8."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if isinstance(item, bytes | bytearray | memoryview):
-                try:
-                    out[key] = bytes(item).decode("utf-8")
-                except UnicodeDecodeError:
-                    out[key + "_base64"] = base64.b64encode(item).decode("ascii")
-            else:
-                out[key] = to_json(item)
-        return out
-    if isinstance(value, list | tuple):
-        return [to_json(item) for item in value]
-    return value
-
-
-# Control characters, and bytes that are not UTF-8 (decoded as surrogates), as \xNN.
-_ESCAPES: Final = (
-    {code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F]}
-    | {0xDC00 + code: f"\\x{code:02x}" for code in range(0x80, 0x100)}
-    | {
-        ord("\n"): "\\n",
-        ord("\r"): "\\r",
-        ord("\t"): "\\t",
-        ord("\\"): "\\\\",
-    }
-)
-
-
-def printable(data: bytes | bytearray | memoryview | str) -> str:
-    """Text or bytes as one line: UTF-8, with bad bytes and control characters escaped."""
-    text = data if isinstance(data, str) else bytes(data).decode("utf-8", "surrogateescape")
-    return text.translate(_ESCAPES)
-
-
-def to_text(line: Line) -> str:
-    """``key: value`` pairs on one line, as kafka-dump-log prints them; a record of a
-    batch starts with ``|``."""
-    parts = ["|"] if "in_batch" in line else []
-    for key, value in line.items():
-        if key != "in_batch":
-            parts.append(f"{key}: {_item_text(value)}")
-    return " ".join(parts)
-
-
-def _item_text(item: Any) -> str:
-    if isinstance(item, dict):
-        return "=".join(_item_text(value) for value in item.values())
-    if isinstance(item, list | tuple):
-        return "[" + ", ".join(_item_text(value) for value in item) + "]"
-    if isinstance(item, bytes | bytearray | memoryview | str):
-        return printable(item)
-    if isinstance(item, bool):
-        return "true" if item else "false"
-    return "null" if item is None else str(item)
-
-
-# ---------------------------------------------------------------- files
-
-
-@contextlib.contextmanager
-def mapped(path: str) -> Iterator[mmap.mmap | bytes]:
-    """The file's bytes, mapped read-only (b"" for an empty file)."""
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            yield b""
-            return
-        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        yield buffer
-    finally:
-        close_map(buffer)
-
-
-def close_map(buffer: mmap.mmap) -> None:
-    try:
-        buffer.close()
-    except BufferError:  # a record view is still held; the map goes with it
-        pass
-
-
-def read_bytes(path: str, position: int, size: int) -> bytes:
-    with open(path, "rb") as handle:
-        return os.pread(handle.fileno(), size, position)
-
-
-def is_digits(name: str, count: int) -> bool:
-    return len(name) == count and name.isdigit()
 
 
 def kind_of(path: str) -> str | None:
@@ -334,9 +169,9 @@ def _dump_file(path: str, kind: str, print_data: bool) -> Iterator[Line]:
         "consumequeue-shared-ends": _dump_shared_ends,
         "index": dump_index,
         "checkpoint": _dump_checkpoint,
-        "segment-log": _dump_batches,
-        "segment-index": _dump_offset_index,
-        "segment-timeindex": _dump_time_index,
+        "segment-log": dump_batches,
+        "segment-index": dump_offset_index,
+        "segment-timeindex": dump_time_index,
     }
     yield from decoders[kind](path, print_data)
 
@@ -655,166 +490,3 @@ def _dump_checkpoint(path: str, print_data: bool) -> Iterator[Line]:
             "dispatched_ts_ms": dispatched_ts,
             "written_at_ms": written_at_ms,
         }
-
-
-# ---------------------------------------------------------------- segmented engine
-
-
-class Batch(NamedTuple):
-    position: int
-    size: int
-    header: tuple[int, ...]  # BATCH_HEADER fields, or () when cut off
-    reason: str  # "" when the batch verifies
-
-
-def walk_batches(buffer: Any) -> Iterator[Batch]:
-    """Every record batch of a .log, CRC checked, up to zeros or the end of the file."""
-    limit = len(buffer)
-    position = 0
-    while position + LOG_OVERHEAD.size <= limit:
-        base_offset, length = LOG_OVERHEAD.unpack_from(buffer, position)
-        if base_offset == 0 and length == 0:
-            return  # zeros: a preallocated tail
-        size = LOG_OVERHEAD.size + length
-        if size < BATCH_HEADER.size or position + size > limit:
-            yield Batch(position, 0, (), f"batch length {length} runs past the end of the file")
-            return
-        assert size >= BATCH_HEADER.size  # checked just above: the walk always advances
-        header = BATCH_HEADER.unpack_from(buffer, position)
-        reason = ""
-        if header[3] != BATCH_MAGIC:
-            reason = f"magic {header[3]} is not 2"
-        elif crc32c(memoryview(buffer)[position + CRC_FROM : position + size]) != header[4]:
-            reason = "CRC-32C mismatch"
-        yield Batch(position, size, header, reason)
-        position += size
-    if position < limit:
-        yield Batch(position, 0, (), f"{limit - position} trailing bytes, less than a batch")
-
-
-def _varint(buffer: Any, position: int) -> tuple[int, int]:
-    """A zig-zag varint at ``position``: (value, position after it)."""
-    result = shift = 0
-    for count in range(VARINT_BYTES_MAX):
-        byte = buffer[position + count]
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), position + count + 1
-        shift += 7
-    raise ValueError(f"varint longer than {VARINT_BYTES_MAX} bytes")
-
-
-def _sized(buffer: Any, position: int, end: int) -> tuple[bytes | None, int]:
-    length, position = _varint(buffer, position)
-    if length < 0:
-        return None, position
-    if position + length > end:
-        raise ValueError("a field runs past its record")
-    return bytes(buffer[position : position + length]), position + length
-
-
-def _batch_records(buffer: Any, batch: Batch, print_data: bool) -> Iterator[Line]:
-    base_offset, base_timestamp, count = batch.header[0], batch.header[7], batch.header[12]
-    stamp_name = "LogAppendTime" if batch.header[5] & LOG_APPEND_TIME_MASK else "CreateTime"
-    position = batch.position + BATCH_HEADER.size
-    batch_end = batch.position + batch.size
-    for _ in range(count):
-        record_position = position
-        length, position = _varint(buffer, position)
-        end = position + length
-        if length < 0 or end > batch_end:
-            raise ValueError(f"record of {length} bytes at {record_position} runs past the batch")
-        position += 1  # attributes, unused
-        timestamp_delta, position = _varint(buffer, position)
-        offset_delta, position = _varint(buffer, position)
-        key, position = _sized(buffer, position, end)
-        value, position = _sized(buffer, position, end)
-        header_count, position = _varint(buffer, position)
-        headers = []
-        for _ in range(header_count):
-            name, position = _sized(buffer, position, end)
-            data, position = _sized(buffer, position, end)
-            headers.append({"key": name, "value": data})
-        if position != end:
-            raise ValueError(f"record at {record_position}: {end - position} bytes left over")
-        line: Line = {
-            "offset": base_offset + offset_delta,
-            "position": record_position,
-            stamp_name: base_timestamp + timestamp_delta,
-            "keySize": -1 if key is None else len(key),
-            "valueSize": -1 if value is None else len(value),
-            "headerKeys": [header["key"] for header in headers],
-        }
-        if print_data:
-            line.update(key=key, payload=value, headers=headers)
-        yield line
-    if position != batch_end:
-        raise ValueError(f"{batch_end - position} bytes after the last record of the batch")
-
-
-def _dump_batches(path: str, print_data: bool) -> Iterator[Line]:
-    with mapped(path) as buffer:
-        for batch in walk_batches(buffer):
-            if not batch.header:
-                yield {"position": batch.position, "corrupt": batch.reason}
-                return
-            h = batch.header
-            line: Line = {
-                "baseOffset": h[0],
-                "lastOffset": h[0] + h[6],
-                "count": h[12],
-                "position": batch.position,
-                "size": batch.size,
-                "magic": h[3],
-                "CreateTime" if not h[5] & LOG_APPEND_TIME_MASK else "LogAppendTime": h[8],
-                "compresscodec": h[5] & COMPRESSION_MASK,
-                "isTransactional": bool(h[5] & TRANSACTIONAL_MASK),
-                "isControl": bool(h[5] & CONTROL_MASK),
-                "producerId": h[9],
-                "partitionLeaderEpoch": h[2],
-                "crc": h[4],
-                "isvalid": not batch.reason,
-            }
-            if batch.reason:
-                line["corrupt"] = batch.reason
-            yield line
-            if batch.reason or h[5] & COMPRESSION_MASK:
-                continue  # a bad CRC or compressed records: records are not decoded
-            try:
-                for record in _batch_records(buffer, batch, print_data):
-                    yield {"in_batch": h[0], **record}
-            except (ValueError, IndexError) as error:
-                yield {"position": batch.position, "corrupt": f"records do not decode: {error}"}
-
-
-def _dump_entries(path: str, entry: struct.Struct, render: Callable[..., Line]) -> Iterator[Line]:
-    base_offset = _base_offset(path)
-    data = read_bytes(path, 0, os.path.getsize(path))
-    entries = len(data) // entry.size
-    for number in range(entries):
-        fields = entry.unpack_from(data, number * entry.size)
-        if not any(fields):
-            yield {"entries": number, "position": number * entry.size, "end": "zeros"}
-            return
-        yield {"position": number * entry.size, **render(base_offset, *fields)}
-    if len(data) % entry.size:
-        yield {"position": entries * entry.size, "corrupt": "a partial entry at the end"}
-
-
-def _base_offset(path: str) -> int:
-    stem = os.path.basename(path).split(".", 1)[0]
-    return int(stem) if stem.isdigit() else 0
-
-
-def _dump_offset_index(path: str, print_data: bool) -> Iterator[Line]:
-    yield from _dump_entries(
-        path, OFFSET_ENTRY, lambda base, relative, where: {"offset": base + relative, "pos": where}
-    )
-
-
-def _dump_time_index(path: str, print_data: bool) -> Iterator[Line]:
-    yield from _dump_entries(
-        path,
-        TIME_ENTRY,
-        lambda base, stamp, relative: {"timestamp": stamp, "offset": base + relative},
-    )

@@ -31,17 +31,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mqstore.cli_dump import (
-    close_map,
-    companion_times,
-    dump_index,
-    is_digits,
-    mapped,
-    read_bytes,
-    time_header,
-    walk_batches,
-    walk_commitlog,
-)
+from mqstore.cli_dump import companion_times, dump_index, time_header, walk_commitlog
+from mqstore.cli_dump_kafka import walk_batches
+from mqstore.cli_files import close_map, is_digits, mapped, read_bytes
 from mqstore.commitlog import checkpoint as ckpt
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.commitlog.record import BLANK_SIZE, decode
