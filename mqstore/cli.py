@@ -5,8 +5,9 @@ kafka-get-offsets and kafka-dump-log do, and what mqadmin queryMsgByKey and the
 store-checking tools do. ``python -m mqstore`` runs it too.
 
 How it opens the store:
-- commands that write (``topics create|alter``, ``produce``, ``consume --group``) open
-  it as the writer: they take its lock, so they fail while a service has it open;
+- commands that write (``topics create|alter``, ``produce``, ``consume --group``,
+  ``serve``) open it as the writer: they take its lock, so they fail while a service
+  has it open;
 - commands that only read (``topics list|describe``, ``consume``, ``offsets``,
   ``query-key``, ``stats``) open it read-only: they run beside a live writer and
   never change a byte;
@@ -199,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--print-data", action="store_true", help="show keys, bodies, payloads")
     dump.add_argument("--kind", choices=cli_dump.KINDS, help="do not guess the kind from the path")
 
+    serve = command("serve", "serve the store over Kafka's wire protocol", _cmd_serve)
+    serve.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT")
+    serve.add_argument("--no-auto-create", action="store_true", help="Metadata creates no topic")
+
     command("verify", "check every record checksum and ConsumeQueue unit", _cmd_verify)
     command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
     bench = command("bench", "run the quick CommitLog append benchmark", _cmd_bench)
@@ -249,6 +254,7 @@ examples:
   mqstore query-key orders order-42 --begin 2024-05-01T00:00:00Z
   mqstore dump mqstore-data/commitlog/00000000000000000000 --print-data
   mqstore verify
+  mqstore serve --listen 127.0.0.1:9092   # Kafka clients connect here (docs/BROKER.md)
 
 exit codes: 0 success, 1 user error, 2 corrupt data found.
 A new store takes the default StoreConfig (128 MiB pre-warmed CommitLog files, 21 MiB
@@ -293,6 +299,12 @@ def _time_ms(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
     return value
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mqstore.broker.serve import cmd_serve  # the broker's imports load only here
+
+    return cmd_serve(args)
 
 
 # ---------------------------------------------------------------- main

@@ -1,0 +1,297 @@
+"""Record batches as the broker receives and sends them (Kafka's record batch v2).
+
+The batch layout is declared once, in mqstore/segmented/record_batch.py (a 61-byte
+big-endian header, then the records); this module reads it with those structs.
+
+Produce (``check_produced``, ``decode_produced``): what Kafka's LogValidator checks
+before a batch is stored, whichever way it is stored:
+
+- it lies whole inside the request, magic 2, exactly one batch per partition;
+- the CRC-32C over attributes..end matches (the ``crc32c`` package);
+- records_count == last_offset_delta + 1 (a producer numbers its records 0..n-1);
+- a known codec; not a control batch, not transactional (no transactions here);
+- the records decode and fill the batch (``decode_produced``); compressed batches
+  are inflated by the maintained libraries (zlib, python-snappy, lz4, zstandard),
+  each bounded to ``INFLATED_BYTES_MAX`` before it is inflated past it.
+
+Fetch (``build_fetch_batch``): records read back from an engine become one v2 batch
+(uncompressed, CRC-32C set, base offset = the first record's offset).
+
+Errors: bytes from the network are the world's input. Every check raises
+``InvalidBatchError`` (an InvalidArgumentError) carrying the Kafka error code to
+answer; nothing here asserts on them, and nothing is stored when one is raised.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from crc32c import crc32c
+
+from mqstore.commitlog.errors import InvalidArgumentError
+from mqstore.engine import TIMESTAMP_LOG_APPEND_TIME, EngineBatch, ProducerRecord
+from mqstore.segmented.record_batch import (
+    ATTRIBUTES_POSITION,
+    COMPRESSION_MASK,
+    CONTROL_MASK,
+    HEADER,
+    HEADER_SIZE,
+    LENGTH,
+    LENGTH_POSITION,
+    LOG_OVERHEAD,
+    MAGIC,
+    TRANSACTIONAL_MASK,
+    BatchHeader,
+    MalformedBatchError,
+    build_batch,
+    decode_records,
+    set_base_offset,
+    zigzag_varint,
+)
+
+__all__ = [
+    "CODEC_NAMES",
+    "INFLATED_BYTES_MAX",
+    "InvalidBatchError",
+    "ProducedBatch",
+    "build_fetch_batch",
+    "check_produced",
+    "decode_produced",
+]
+
+CORRUPT_MESSAGE: Final = 2  # Kafka's error code for a CRC or size failure
+INVALID_RECORD: Final = 87  # ... for a batch that is well-formed but not acceptable
+CODEC_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")  # attributes bits 0-2
+#: A compressed batch inflates to at most this; more is refused (a decompression
+#: bomb in a 100 MiB frame must not take the broker's memory). Kafka's own default
+#: message.max.bytes is 1 MiB compressed; 64 MiB of records is far above any client.
+INFLATED_BYTES_MAX: Final = 64 << 20
+_LENGTH: Final = LENGTH
+#: xerial snappy framing: a 16-byte header (magic, version, compat), then blocks of
+#: int32 size + raw snappy bytes.
+XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
+XERIAL_HEADER_BYTES: Final = 16
+_BLOCK_SIZE: Final = struct.Struct(">i")
+
+
+class InvalidBatchError(InvalidArgumentError):
+    """A produced batch the broker refuses; ``error_code`` is Kafka's answer."""
+
+    def __init__(self, message: str, error_code: int = CORRUPT_MESSAGE) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+class ProducedBatch(NamedTuple):
+    """The checked batch of one partition of a ProduceRequest, by name."""
+
+    header: BatchHeader
+    data: bytes  # the whole batch
+
+    @property
+    def codec(self) -> str:
+        return CODEC_NAMES[self.header.attributes & COMPRESSION_MASK]
+
+    @property
+    def records_count(self) -> int:
+        return self.header.records_count
+
+    @property
+    def producer_id(self) -> int:
+        return self.header.producer_id
+
+
+def check_produced(records: bytes | bytearray | memoryview | None) -> ProducedBatch:
+    """Check the ``records`` field of one partition of a ProduceRequest.
+
+    Raises:
+        InvalidBatchError: no batch, more than one, cut short, bad magic or size,
+            CRC-32C mismatch, a count that does not match its offset deltas, an
+            unknown codec, a control or transactional batch.
+    """
+    if records is None:
+        raise InvalidBatchError("no record batch for a partition", INVALID_RECORD)
+    data = bytes(records)
+    if len(data) < HEADER_SIZE:
+        raise InvalidBatchError(f"{len(data)} bytes: shorter than a 61-byte batch header")
+    (length,) = _LENGTH.unpack_from(data, LENGTH_POSITION)
+    size = length + LOG_OVERHEAD
+    if size < HEADER_SIZE or size > len(data):
+        raise InvalidBatchError(f"the batch claims {size} bytes of {len(data)}")
+    if size != len(data):
+        raise InvalidBatchError("more than one record batch for a partition", INVALID_RECORD)
+    header = BatchHeader._make(HEADER.unpack_from(data, 0))
+    if header.magic != MAGIC:
+        raise InvalidBatchError(f"magic {header.magic}: only record batch v2 is served")
+    actual = crc32c(memoryview(data)[ATTRIBUTES_POSITION:])
+    if actual != header.crc:
+        raise InvalidBatchError(f"CRC-32C {actual:#010x} does not match {header.crc:#010x}")
+    count = header.records_count
+    if count < 1 or count != header.last_offset_delta + 1:
+        raise InvalidBatchError(
+            f"records_count {count} does not match last_offset_delta {header.last_offset_delta}",
+            INVALID_RECORD,
+        )
+    if header.attributes & COMPRESSION_MASK >= len(CODEC_NAMES):
+        raise InvalidBatchError(
+            f"unknown codec {header.attributes & COMPRESSION_MASK}", INVALID_RECORD
+        )
+    if header.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK):
+        raise InvalidBatchError("transactional and control batches are not served", INVALID_RECORD)
+    return ProducedBatch(header, data)
+
+
+def decode_produced(batch: ProducedBatch) -> list[ProducerRecord]:
+    """The records of a checked batch, inflated if compressed, with their CreateTime.
+
+    Raises:
+        InvalidBatchError: the records do not decode or do not fill the batch, or
+            they inflate past ``INFLATED_BYTES_MAX``, or the codec's library is
+            missing.
+    """
+    header, data = batch
+    codec = header.attributes & COMPRESSION_MASK
+    if codec:
+        body = _inflate(CODEC_NAMES[codec], memoryview(data)[HEADER_SIZE:])
+        prefix = bytearray(data[:HEADER_SIZE])
+        _LENGTH.pack_into(prefix, LENGTH_POSITION, HEADER_SIZE + len(body) - LOG_OVERHEAD)
+        data = bytes(prefix) + body
+    try:
+        decoded = decode_records(data, 0, header, header.base_offset, header.records_count)
+    except MalformedBatchError as error:
+        raise InvalidBatchError(f"records do not decode: {error}", CORRUPT_MESSAGE) from None
+    if len(decoded) != header.records_count:
+        raise InvalidBatchError(
+            f"{len(decoded)} records decoded of {header.records_count}", CORRUPT_MESSAGE
+        )
+    return [ProducerRecord(r.key, r.value, r.headers, r.timestamp_ms) for r in decoded]
+
+
+def _inflate(codec: str, body: memoryview) -> bytes:
+    """The records of a compressed batch, at most INFLATED_BYTES_MAX bytes."""
+    limit = INFLATED_BYTES_MAX
+    try:
+        if codec == "gzip":
+            inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+            out = inflater.decompress(body, limit + 1)
+            if not inflater.eof and len(out) <= limit:
+                raise InvalidBatchError("gzip stream cut short")
+        elif codec == "snappy":
+            out = _inflate_snappy(bytes(body), limit)
+        elif codec == "lz4":
+            import lz4.frame
+
+            out = lz4.frame.LZ4FrameDecompressor().decompress(body, max_length=limit + 1)
+        else:
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True) as r:
+                out = r.read(limit + 1)
+    except InvalidBatchError:
+        raise
+    except ImportError:
+        raise InvalidBatchError(f"{codec}: its library is not installed", INVALID_RECORD) from None
+    except Exception as error:  # each library raises its own error types
+        raise InvalidBatchError(f"{codec} does not inflate: {error}") from None
+    if len(out) > limit:
+        raise InvalidBatchError(f"{codec} inflates past {limit} bytes", INVALID_RECORD)
+    return bytes(out)
+
+
+def _inflate_snappy(data: bytes, limit: int) -> bytes:
+    """Snappy, raw or in xerial blocks (what Java producers and librdkafka write).
+    Every raw block starts with its inflated length, so the bound is checked first."""
+    import snappy
+
+    blocks: list[bytes] = []
+    if data[: len(XERIAL_MAGIC)] == XERIAL_MAGIC:
+        position = XERIAL_HEADER_BYTES
+        while position < len(data):
+            (size,) = _BLOCK_SIZE.unpack_from(data, position)
+            position += _BLOCK_SIZE.size
+            if size < 0 or position + size > len(data):
+                raise InvalidBatchError("snappy block cut short")
+            blocks.append(data[position : position + size])
+            position += size
+    else:
+        blocks.append(data)
+    if sum(map(_snappy_length, blocks)) > limit:
+        raise InvalidBatchError(f"snappy inflates past {limit} bytes", INVALID_RECORD)
+    return b"".join(snappy.decompress(block) for block in blocks)
+
+
+def _snappy_length(block: bytes) -> int:
+    """The inflated length a raw snappy block declares (a little-endian base-128
+    varint of at most 5 bytes)."""
+    length = shift = 0
+    for byte in block[:5]:
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return length
+        shift += 7
+    raise InvalidBatchError("snappy block without a length")
+
+
+def build_fetch_batch(batch: EngineBatch, first: int, count: int) -> bytearray:
+    """One uncompressed batch v2 of records ``first .. first + count - 1`` of
+    ``batch`` (rows, not offsets), its base offset the first record's offset.
+
+    The record layout is segmented.record_batch's ``encode_record``, inlined: the
+    varints of small non-negative values (offset deltas, lengths, close timestamps)
+    come from a table, so a record costs one ``join`` and no call per field.
+    """
+    assert first >= 0
+    assert count > 0
+    assert first + count <= len(batch)
+    stamps = batch.timestamps_ms[first : first + count]
+    base_ts = stamps[0]
+    keys, values, headers = batch.keys, batch.values, batch.headers
+    varints, cached, varint = _VARINTS, len(_VARINTS), zigzag_varint
+    encoded: list[bytes] = []
+    for index in range(count):
+        row = first + index
+        key, value, pairs = keys[row], values[row], headers[row]
+        delta = stamps[index] - base_ts
+        parts: list[bytes | bytearray | memoryview] = [
+            b"\x00",  # attributes
+            varints[delta] if 0 <= delta < cached else varint(delta),
+            varints[index] if index < cached else varint(index),
+        ]
+        if key is None:
+            parts.append(NULL_LENGTH)
+        else:
+            size = len(key)
+            parts += (varints[size] if size < cached else varint(size), key)
+        if value is None:
+            parts.append(NULL_LENGTH)
+        else:
+            size = len(value)
+            parts += (varints[size] if size < cached else varint(size), value)
+        parts.append(_encoded_headers(pairs) if pairs else b"\x00")
+        body = b"".join(parts)
+        size = len(body)
+        encoded.append((varints[size] if size < cached else varint(size)) + body)
+    log_append = batch.timestamp_types[first] == TIMESTAMP_LOG_APPEND_TIME
+    built = build_batch(encoded, base_ts, max(stamps), log_append)
+    set_base_offset(built, batch.offsets[first])
+    return built
+
+
+def _encoded_headers(pairs: Sequence[tuple[str, bytes]]) -> bytes:
+    """A record's header count and headers (names UTF-8)."""
+    parts = [zigzag_varint(len(pairs))]
+    for name, value in pairs:
+        raw = name.encode("utf-8")
+        parts += (zigzag_varint(len(raw)), raw, zigzag_varint(len(value)), bytes(value))
+    return b"".join(parts)
+
+
+#: Zig-zag varints of 0 .. 16,383, the values most fields of a record take.
+_VARINTS: Final = [zigzag_varint(value) for value in range(1 << 14)]
+NULL_LENGTH: Final = zigzag_varint(-1)
+
+
+assert struct.calcsize(">q") + 4 == LOG_OVERHEAD  # base_offset and length precede the rest

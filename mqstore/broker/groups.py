@@ -1,0 +1,354 @@
+"""The group coordinator: Kafka's classic consumer-group protocol, on the event loop.
+
+States, as in Kafka's GroupMetadata: Empty -> PreparingRebalance -> CompletingRebalance
+-> Stable, and back to PreparingRebalance when a member joins, leaves or expires.
+
+- JoinGroup: from v4 a member without an id gets one with MEMBER_ID_REQUIRED (79)
+  and joins again with it. A join starts (or joins) a rebalance, which completes when
+  every known member has re-joined, or when the rebalance timeout passes (the
+  members that did not re-join are removed). Then the generation goes up, the
+  protocol is the first of the leader's that every member supports, the first
+  member is the leader, and every pending join is answered (the leader with the
+  members' metadata, opaque bytes).
+- SyncGroup: the leader's assignment (opaque bytes) is kept and every member's is
+  answered; followers that sync first wait for it.
+- Heartbeat: REBALANCE_IN_PROGRESS (27) while a rebalance runs, so members re-join;
+  ILLEGAL_GENERATION (22) and UNKNOWN_MEMBER_ID (25) as Kafka answers them.
+- LeaveGroup and session expiry (no heartbeat for session_timeout_ms) remove a
+  member and rebalance the rest.
+
+Committed offsets are not kept here: OffsetCommit checks the member's generation
+with ``commit_allowed`` and stores the offsets in the engine's OffsetStore, so
+embedded consumers and wire clients of a group see the same ones.
+
+Crash policy: group membership lives in memory; after a restart members get
+UNKNOWN_MEMBER_ID and re-join (committed offsets are on disk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Final
+
+from kafka.protocol.consumer import (
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    SyncGroupResponse,
+)
+
+from mqstore.broker.config import BrokerConfig
+from mqstore.broker.protocol import ErrorCode
+
+__all__ = ["GroupCoordinator"]
+
+EXPIRY_CHECK_S: Final = 0.25  # how often sessions are checked
+GROUPS_MAX: Final = 10_000  # groups held in memory; more are refused
+MEMBERS_MAX: Final = 1_000  # members of one group
+JOIN, HEARTBEAT, LEAVE, SYNC = 11, 12, 13, 14
+EMPTY, PREPARING, COMPLETING, STABLE = (
+    "Empty",
+    "PreparingRebalance",
+    "CompletingRebalance",
+    "Stable",
+)
+
+
+class _Member:
+    __slots__ = (
+        "assignment",
+        "id",
+        "join",
+        "join_version",
+        "last_seen",
+        "protocols",
+        "rebalance_timeout_s",
+        "session_timeout_s",
+        "sync",
+    )
+
+    def __init__(self, member_id: str) -> None:
+        self.id = member_id
+        self.protocols: list[tuple[str, bytes]] = []
+        self.session_timeout_s = 10.0
+        self.rebalance_timeout_s = 10.0
+        self.join: asyncio.Future[Any] | None = None  # a pending JoinGroup answer
+        self.join_version = 0  # the version that answer is encoded at
+        self.sync: asyncio.Future[bytes] | None = None  # a pending SyncGroup answer
+        self.assignment = b""
+        self.last_seen = time.monotonic()
+
+
+class _Group:
+    def __init__(self, group_id: str) -> None:
+        self.id = group_id
+        self.state = EMPTY
+        self.generation = 0
+        self.protocol_type: str | None = None
+        self.protocol: str | None = None
+        self.leader: str | None = None
+        self.members: dict[str, _Member] = {}
+        self.pending_ids: set[str] = set()  # ids handed out with MEMBER_ID_REQUIRED
+        self.rebalance: asyncio.TimerHandle | None = None
+
+
+class GroupCoordinator:
+    """Every group of this broker (one broker: it coordinates them all)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.groups: dict[str, _Group] = {}
+
+    async def handle(self, api_key: int, request: Any, version: int) -> Any:
+        if api_key == JOIN:
+            return await self._join(request, version)
+        if api_key == SYNC:
+            return await self._sync(request, version)
+        if api_key == HEARTBEAT:
+            code = self._heartbeat(request)
+            return HeartbeatResponse(version=version, throttle_time_ms=0, error_code=code)
+        assert api_key == LEAVE
+        return self._leave(request, version)
+
+    def commit_allowed(self, group_id: str, generation: int, member_id: str) -> int:
+        """OffsetCommit's check: 0, or the error for a member of a managed group."""
+        group = self.groups.get(group_id)
+        if generation < 0 or group is None or not group.members:
+            return 0  # a simple consumer (assign) commits without a generation
+        if member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        if group.state == PREPARING:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return 0
+
+    # ------------------------------------------------------------------ join
+
+    async def _join(self, request: Any, version: int) -> Any:
+        def fail(code: int, member_id: str = "") -> Any:
+            return JoinGroupResponse(
+                version=version, throttle_time_ms=0, error_code=code, generation_id=-1,
+                protocol_name="", leader="", member_id=member_id, members=[],
+            )  # fmt: skip
+
+        session_ms = request.session_timeout_ms
+        if (
+            not self.config.session_timeout_min_ms
+            <= session_ms
+            <= (self.config.session_timeout_max_ms)
+        ):
+            return fail(ErrorCode.INVALID_SESSION_TIMEOUT)
+        if not request.group_id or not request.protocols:
+            return fail(ErrorCode.INVALID_GROUP_ID if not request.group_id else 23)
+        group = self.groups.get(request.group_id)
+        if group is None:
+            if len(self.groups) >= GROUPS_MAX:
+                return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            group = self.groups[request.group_id] = _Group(request.group_id)
+        if (
+            group.protocol_type is not None
+            and group.members
+            and (request.protocol_type != group.protocol_type)
+        ):
+            return fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        member_id = request.member_id
+        if not member_id:
+            member_id = f"{request.header.client_id or 'member'}-{uuid.uuid4()}"
+            if version >= 4:
+                group.pending_ids.add(member_id)
+                return fail(ErrorCode.MEMBER_ID_REQUIRED, member_id)
+        elif member_id not in group.members and member_id not in group.pending_ids:
+            return fail(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+        if member_id not in group.members and len(group.members) >= MEMBERS_MAX:
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        group.pending_ids.discard(member_id)
+        member = group.members.get(member_id)
+        if member is None:
+            member = group.members[member_id] = _Member(member_id)
+        if member.join is not None and not member.join.done():
+            member.join.set_result(fail(ErrorCode.REBALANCE_IN_PROGRESS, member_id))
+        member.protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
+        member.session_timeout_s = session_ms / 1000
+        rebalance_ms = getattr(request, "rebalance_timeout_ms", -1)
+        member.rebalance_timeout_s = (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000
+        member.last_seen = time.monotonic()
+        group.protocol_type = request.protocol_type
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        member.join = future
+        member.join_version = version
+        self._prepare_rebalance(group)
+        self._maybe_complete_join(group)
+        return await future
+
+    def _prepare_rebalance(self, group: _Group) -> None:
+        if group.state == PREPARING:
+            return
+        for member in group.members.values():  # members waiting in sync re-join
+            if member.sync is not None and not member.sync.done():
+                member.sync.set_exception(_Rebalance())
+        new_group = group.state == EMPTY
+        group.state = PREPARING
+        loop = asyncio.get_running_loop()
+        timeout_s = max((m.rebalance_timeout_s for m in group.members.values()), default=1.0)
+        if new_group:
+            timeout_s = min(timeout_s, self.config.initial_rebalance_delay_ms / 1000)
+        group.rebalance = loop.call_later(timeout_s, self._complete_join, group)
+
+    def _maybe_complete_join(self, group: _Group) -> None:
+        """Complete the join once every member has joined, unless the group is new
+        (then the initial delay lets more members arrive)."""
+        if group.state != PREPARING:
+            return
+        joined = all(m.join is not None and not m.join.done() for m in group.members.values())
+        if joined and group.generation > 0:
+            self._complete_join(group)
+
+    def _complete_join(self, group: _Group) -> None:
+        if group.state != PREPARING:
+            return
+        if group.rebalance is not None:
+            group.rebalance.cancel()
+            group.rebalance = None
+        for member_id in [m.id for m in group.members.values() if m.join is None or m.join.done()]:
+            del group.members[member_id]  # did not re-join in time
+        if not group.members:
+            group.state, group.leader, group.protocol = EMPTY, None, None
+            group.generation += 1
+            return
+        group.generation += 1
+        members = list(group.members.values())
+        common = set.intersection(*({name for name, _ in m.protocols} for m in members))
+        leader = members[0]
+        group.leader = leader.id
+        group.protocol = next((n for n, _ in leader.protocols if n in common), None)
+        group.state = COMPLETING
+        for member in members:
+            assert member.join is not None
+            response = JoinGroupResponse(
+                version=member.join_version,
+                throttle_time_ms=0,
+                error_code=0,
+                generation_id=group.generation,
+                protocol_type=group.protocol_type,
+                protocol_name=group.protocol or "",
+                leader=leader.id,
+                member_id=member.id,
+                members=[
+                    JoinGroupResponse.JoinGroupResponseMember(
+                        member_id=m.id,
+                        group_instance_id=None,
+                        metadata=dict(m.protocols).get(group.protocol or "", b""),
+                    )
+                    for m in members
+                ]
+                if member.id == leader.id
+                else [],
+            )
+            member.join.set_result(response)
+            member.join = None
+            member.last_seen = time.monotonic()
+
+    # ------------------------------------------------------------------ sync
+
+    async def _sync(self, request: Any, version: int) -> Any:
+        def answer(code: int, assignment: bytes = b"") -> Any:
+            return SyncGroupResponse(
+                version=version, throttle_time_ms=0, error_code=code, assignment=assignment
+            )
+
+        group = self.groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group else None
+        if group is None or member is None:
+            return answer(ErrorCode.UNKNOWN_MEMBER_ID)
+        if request.generation_id != group.generation:
+            return answer(ErrorCode.ILLEGAL_GENERATION)
+        if group.state == PREPARING:
+            return answer(ErrorCode.REBALANCE_IN_PROGRESS)
+        member.last_seen = time.monotonic()
+        if group.state == STABLE:
+            return answer(0, member.assignment)
+        if request.member_id == group.leader:
+            given = {a.member_id: bytes(a.assignment) for a in request.assignments}
+            for each in group.members.values():
+                each.assignment = given.get(each.id, b"")
+                if each.sync is not None and not each.sync.done():
+                    each.sync.set_result(each.assignment)
+                each.sync = None
+            group.state = STABLE
+            return answer(0, member.assignment)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        member.sync = future
+        try:
+            return answer(0, await future)
+        except _Rebalance:
+            return answer(ErrorCode.REBALANCE_IN_PROGRESS)
+
+    # ------------------------------------------------------------------ heartbeat, leave
+
+    def _heartbeat(self, request: Any) -> int:
+        group = self.groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group else None
+        if group is None or member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        member.last_seen = time.monotonic()
+        if request.generation_id != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        if group.state == PREPARING:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return 0
+
+    def _leave(self, request: Any, version: int) -> Any:
+        group = self.groups.get(request.group_id)
+        ids = [m.member_id for m in request.members] if version >= 3 else [request.member_id]
+        results = []
+        code = 0
+        for member_id in ids:
+            if group is None or member_id not in group.members:
+                code = ErrorCode.UNKNOWN_MEMBER_ID
+                results.append((member_id, code))
+                continue
+            self._remove(group, member_id)
+            results.append((member_id, 0))
+        members = [
+            LeaveGroupResponse.MemberResponse(member_id=m, group_instance_id=None, error_code=c)
+            for m, c in results
+        ]
+        error = code if version < 3 else 0
+        return LeaveGroupResponse(
+            version=version, throttle_time_ms=0, error_code=error, members=members
+        )
+
+    def _remove(self, group: _Group, member_id: str) -> None:
+        member = group.members.pop(member_id)
+        if member.join is not None and not member.join.done():
+            member.join.cancel()
+        if member.sync is not None and not member.sync.done():
+            member.sync.set_exception(_Rebalance())
+        if not group.members:
+            if group.rebalance is not None:
+                group.rebalance.cancel()
+                group.rebalance = None
+            group.state, group.leader, group.protocol = EMPTY, None, None
+            return
+        self._prepare_rebalance(group)
+        self._maybe_complete_join(group)
+
+    async def expire_loop(self) -> None:
+        """Remove members whose session ran out (a task of the broker's loop)."""
+        while True:
+            await asyncio.sleep(EXPIRY_CHECK_S)
+            now = time.monotonic()
+            for group in list(self.groups.values()):
+                for member in list(group.members.values()):
+                    waiting = member.join is not None and not member.join.done()
+                    if not waiting and now - member.last_seen > member.session_timeout_s:
+                        self._remove(group, member.id)
+                if group.state == EMPTY and not group.members and not group.pending_ids:
+                    del self.groups[group.id]
+
+
+class _Rebalance(Exception):
+    """A pending SyncGroup is cut short by a new rebalance."""

@@ -1,0 +1,452 @@
+"""The request handlers that run on a worker thread: one method per API, request
+object in, response object out (mqstore.broker.protocol encodes it).
+
+Each handler reaches storage through ``PartitionLog`` (mqstore.broker.log) and the
+engine's ``OffsetStore``, and turns every store error into Kafka's error code for
+the partition, topic or group it concerns: a bad partition never fails the others
+of its request, and no handler lets a StoreError escape. An exception that is not a
+StoreError is a bug; the server logs it and closes that one connection.
+
+Threads: ``produce`` runs on the broker's one produce thread (the sequence checks of
+the idempotent producer and the appends they guard stay in order); the rest run on
+the read threads. Fetch's long poll and the group APIs are coroutines in
+mqstore.broker.server and mqstore.broker.groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
+
+from kafka.protocol.consumer import (
+    FetchResponse,
+    ListOffsetsResponse,
+    OffsetCommitResponse,
+    OffsetFetchResponse,
+)
+from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
+
+from mqstore.broker.batch import InvalidBatchError, check_produced
+from mqstore.broker.config import BrokerConfig
+from mqstore.broker.log import PartitionLog
+from mqstore.broker.producers import ProducerIds, ProducerState
+from mqstore.broker.protocol import APIS, ErrorCode, api_versions_body
+from mqstore.commitlog.errors import (
+    DiskFullError,
+    FlushTimeoutError,
+    InvalidArgumentError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    StoreError,
+    UnknownTopicError,
+)
+from mqstore.commitlog.record import validate_topic
+from mqstore.offsets import OffsetStore, validate_group
+
+__all__ = ["FetchPass", "Handlers"]
+
+log = logging.getLogger(__name__)
+
+LATEST_TIMESTAMP: Final = -1  # ListOffsets' special timestamps
+EARLIEST_TIMESTAMP: Final = -2
+ACKS: Final = (0, 1, -1)
+CLUSTER_ID: Final = "mqstore"
+NO_OFFSET: Final = -1
+TIMESTAMP_TYPES: Final = {"CreateTime", "LogAppendTime"}
+
+_MetadataTopic = MetadataResponse.MetadataResponseTopic
+_MetadataPartition = _MetadataTopic.MetadataResponsePartition
+_ProduceTopic = ProduceResponse.TopicProduceResponse
+_ProducePartition = _ProduceTopic.PartitionProduceResponse
+_FetchTopic = FetchResponse.FetchableTopicResponse
+_FetchPartition = _FetchTopic.PartitionData
+_ListTopic = ListOffsetsResponse.ListOffsetsTopicResponse
+_ListPartition = _ListTopic.ListOffsetsPartitionResponse
+_CommitTopic = OffsetCommitResponse.OffsetCommitResponseTopic
+_CommitPartition = _CommitTopic.OffsetCommitResponsePartition
+_FetchedTopic = OffsetFetchResponse.OffsetFetchResponseTopic
+_FetchedPartition = _FetchedTopic.OffsetFetchResponsePartition
+
+
+class FetchPass(NamedTuple):
+    """One pass over a Fetch's partitions: the response, the bytes it holds and the
+    positions a long poll waits on."""
+
+    response: Any
+    records_bytes: int
+    waiting: list[tuple[str, int, int]]
+
+
+def error_for(error: StoreError) -> int:
+    """Kafka's error code for a store error on a partition."""
+    if isinstance(error, InvalidBatchError):
+        return error.error_code
+    if isinstance(error, UnknownTopicError):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(error, OffsetOutOfRangeError):
+        return ErrorCode.OFFSET_OUT_OF_RANGE
+    if isinstance(error, LimitExceededError):
+        return ErrorCode.MESSAGE_TOO_LARGE
+    if isinstance(error, FlushTimeoutError):
+        return ErrorCode.REQUEST_TIMED_OUT
+    if isinstance(error, DiskFullError):
+        return ErrorCode.KAFKA_STORAGE_ERROR
+    if isinstance(error, InvalidArgumentError):
+        return ErrorCode.INVALID_REQUEST
+    return ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class Handlers:
+    """The worker-thread half of the broker's APIs."""
+
+    def __init__(
+        self, log_: PartitionLog, offsets: OffsetStore, config: BrokerConfig, port: int
+    ) -> None:
+        self.log = log_
+        self.offsets = offsets
+        self.config = config
+        self.port = port
+        self.producer_ids = ProducerIds()
+        self.producers = ProducerState()
+
+    def _partitions(self, topic: str) -> int:
+        """The topic's partition count, 0 when it does not exist."""
+        config = self.log.topics().get(topic)
+        return 0 if config is None else config.partitions
+
+    # ------------------------------------------------------------------ meta
+
+    def api_versions(self, request: Any, version: int) -> Any:
+        return api_versions_body(version)
+
+    def metadata(self, request: Any, version: int) -> Any:
+        topics = self.log.topics()
+        names: list[str]
+        if request.topics is None or (version == 0 and not request.topics):
+            names = sorted(topics)
+        else:
+            names = [topic.name for topic in request.topics]
+        allow = version < 4 or bool(request.allow_auto_topic_creation)
+        answered = [self._metadata_topic(name, topics, allow) for name in names]
+        broker = MetadataResponse.MetadataResponseBroker(
+            node_id=self.config.node_id, host=self.config.advertised, port=self.port, rack=None
+        )
+        return MetadataResponse(
+            version=version, throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID,
+            controller_id=self.config.node_id, topics=answered,
+        )  # fmt: skip
+
+    def _metadata_topic(self, name: str, topics: dict[str, Any], allow_create: bool) -> Any:
+        config = topics.get(name)
+        if config is None:
+            try:
+                validate_topic(name)
+            except StoreError:
+                return _MetadataTopic(
+                    error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name, partitions=[]
+                )
+            if not (allow_create and self.config.auto_create_topics):
+                return _MetadataTopic(
+                    error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]
+                )
+            config = self._create(name, self.config.default_partitions, "CreateTime")
+        node = self.config.node_id
+        partitions = [
+            _MetadataPartition(
+                error_code=0,
+                partition_index=index,
+                leader_id=node,
+                leader_epoch=0,
+                replica_nodes=[node],
+                isr_nodes=[node],
+                offline_replicas=[],
+            )
+            for index in range(config.partitions)
+        ]
+        return _MetadataTopic(error_code=0, name=name, is_internal=False, partitions=partitions)
+
+    def _create(self, name: str, partitions: int, timestamp_type: str) -> Any:
+        """Create a topic; one created meanwhile (another connection) is returned."""
+        try:
+            return self.log.create_topic(name, partitions, timestamp_type)
+        except InvalidArgumentError:
+            existing = self.log.topics().get(name)
+            if existing is None:
+                raise
+            return existing
+
+    def find_coordinator(self, request: Any, version: int) -> Any:
+        return FindCoordinatorResponse(
+            version=version, throttle_time_ms=0, error_code=0, error_message=None,
+            node_id=self.config.node_id, host=self.config.advertised, port=self.port,
+        )  # fmt: skip
+
+    def init_producer_id(self, request: Any, version: int) -> Any:
+        if request.transactional_id is not None:  # transactions are not served
+            return InitProducerIdResponse(
+                version=version, throttle_time_ms=0,
+                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1,
+            )  # fmt: skip
+        return InitProducerIdResponse(
+            version=version, throttle_time_ms=0, error_code=0,
+            producer_id=self.producer_ids.next(), producer_epoch=0,
+        )  # fmt: skip
+
+    def create_topics(self, request: Any, version: int) -> Any:
+        response_class = APIS[19].response
+        result_class = response_class.CreatableTopicResult
+        results = []
+        for topic in request.topics:
+            code, message = self._create_one(topic, bool(request.validate_only))
+            results.append(result_class(name=topic.name, error_code=code, error_message=message))
+        return response_class(version=version, throttle_time_ms=0, topics=results)
+
+    def _create_one(self, topic: Any, validate_only: bool) -> tuple[int, str | None]:
+        partitions = topic.num_partitions
+        if partitions == -1:
+            partitions = self.config.default_partitions
+        timestamp_type = "CreateTime"
+        for entry in topic.configs or ():
+            if entry.name == "message.timestamp.type" and entry.value in TIMESTAMP_TYPES:
+                timestamp_type = entry.value
+            else:
+                return ErrorCode.INVALID_CONFIG, f"config {entry.name}={entry.value} not served"
+        if topic.replication_factor not in (-1, 1) or topic.assignments:
+            return ErrorCode.INVALID_REPLICATION_FACTOR, "one broker: replication factor 1"
+        try:
+            validate_topic(topic.name)
+        except StoreError as error:
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, str(error)
+        if topic.name in self.log.topics():
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists"
+        if not 1 <= partitions <= 10_000:
+            return ErrorCode.INVALID_PARTITIONS, f"{partitions} partitions"
+        if validate_only:
+            return 0, None
+        try:
+            self.log.create_topic(topic.name, partitions, timestamp_type)
+        except StoreError as error:
+            if topic.name in self.log.topics():
+                return ErrorCode.TOPIC_ALREADY_EXISTS, str(error)
+            return ErrorCode.INVALID_REQUEST, str(error)
+        return 0, None
+
+    # ------------------------------------------------------------------ produce
+
+    def produce(self, request: Any, version: int) -> Any:
+        """Append each partition's batch; None for acks=0 (Kafka sends nothing)."""
+        acks = request.acks
+        responses = []
+        for topic in request.topic_data:
+            parts = [
+                self._produce_partition(topic.name, data.index, data.records, acks)
+                for data in topic.partition_data
+            ]
+            responses.append(_ProduceTopic(name=topic.name, partition_responses=parts))
+        if acks == 0:
+            return None
+        return ProduceResponse(version=version, responses=responses, throttle_time_ms=0)
+
+    def _produce_partition(self, topic: str, partition: int, records: Any, acks: int) -> Any:
+        def answer(code: int, base: int = -1, stamp: int = -1, start: int = -1) -> Any:
+            return _ProducePartition(
+                index=partition, error_code=code, base_offset=base, log_append_time_ms=stamp,
+                log_start_offset=start, record_errors=[], error_message=None,
+            )  # fmt: skip
+
+        if acks not in ACKS:
+            return answer(ErrorCode.INVALID_REQUIRED_ACKS)
+        if not 0 <= partition < self._partitions(topic):
+            return answer(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        try:
+            batch = check_produced(records)
+            header = batch.header
+            identity = (header.producer_id, header.producer_epoch, topic, partition)
+            check = self.producers.check(*identity, header.base_sequence, header.records_count)
+            if check.error:
+                return answer(check.error)
+            if check.duplicate_offset is not None:
+                start = self.log.log_start_offset(topic, partition)
+                return answer(0, check.duplicate_offset, -1, start)
+            appended = self.log.append(topic, partition, batch)
+            self.producers.appended(
+                *identity, header.base_sequence, header.records_count, appended.base_offset
+            )
+        except StoreError as error:
+            log.info("produce to %s-%d refused: %s", topic, partition, error)
+            return answer(error_for(error))
+        return answer(0, *appended)
+
+    # ------------------------------------------------------------------ fetch
+
+    def fetch_pass(self, request: Any, version: int, must_fill: bool) -> FetchPass:
+        """Read every partition of a Fetch once. ``must_fill`` False: only the
+        offsets are checked (a long poll's first look when nothing is there)."""
+        budget = request.max_bytes if version >= 3 else 2**31 - 1
+        total = 0
+        waiting: list[tuple[str, int, int]] = []
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for wanted in topic.partitions:
+                part, size = self._fetch_partition(topic.topic, wanted, budget, total == 0)
+                parts.append(part)
+                total += size
+                budget -= size
+                if part.error_code == 0 and size == 0:
+                    waiting.append((topic.topic, wanted.partition, wanted.fetch_offset))
+            topics.append(_FetchTopic(topic=topic.topic, partitions=parts))
+        response = FetchResponse(
+            version=version, throttle_time_ms=0, error_code=0, session_id=0, responses=topics
+        )
+        return FetchPass(response, total, waiting)
+
+    def _fetch_partition(
+        self, topic: str, wanted: Any, budget: int, first: bool
+    ) -> tuple[Any, int]:
+        partition = wanted.partition
+        offset = wanted.fetch_offset
+        start = end = -1
+        records: bytes = b""
+        code = 0
+        try:
+            start = self.log.log_start_offset(topic, partition)
+            end = self.log.high_watermark(topic, partition)
+            if not start <= offset <= end:
+                code = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif offset < end and (budget > 0 or first):
+                limit = min(wanted.partition_max_bytes, max(budget, 1))
+                records = b"".join(self.log.fetch(topic, partition, offset, limit))
+        except StoreError as error:
+            code = error_for(error)
+        part = _FetchPartition(
+            partition_index=partition, error_code=code, high_watermark=end,
+            last_stable_offset=end, log_start_offset=start, aborted_transactions=None,
+            preferred_read_replica=-1, records=records,
+        )  # fmt: skip
+        return part, len(records)
+
+    def wait(self, positions: Sequence[tuple[str, int, int]], timeout_ms: int) -> bool:
+        try:
+            return self.log.wait(positions, timeout_ms)
+        except StoreError:
+            return False  # a topic went away meanwhile: answer with what is there
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offsets(self, request: Any, version: int) -> Any:
+        topics = []
+        for topic in request.topics:
+            parts = [self._list_offset(topic.name, p) for p in topic.partitions]
+            topics.append(_ListTopic(name=topic.name, partitions=parts))
+        return ListOffsetsResponse(version=version, throttle_time_ms=0, topics=topics)
+
+    def _list_offset(self, topic: str, wanted: Any) -> Any:
+        partition = wanted.partition_index
+        stamp = offset = NO_OFFSET
+        code = 0
+        try:
+            if wanted.timestamp == LATEST_TIMESTAMP:
+                offset = self.log.high_watermark(topic, partition)
+            elif wanted.timestamp == EARLIEST_TIMESTAMP:
+                offset = self.log.log_start_offset(topic, partition)
+            elif wanted.timestamp < 0:
+                code = ErrorCode.UNSUPPORTED_VERSION  # -3 (max timestamp) and later: v7+
+            else:
+                found = self.log.offset_for_time(topic, partition, wanted.timestamp)
+                if found is not None:
+                    offset, stamp = found
+        except StoreError as error:
+            code = error_for(error)
+        return _ListPartition(
+            partition_index=partition, error_code=code, timestamp=stamp, offset=offset,
+            leader_epoch=0 if code == 0 else -1,
+        )  # fmt: skip
+
+    def offset_commit(self, request: Any, version: int, group_error: int) -> Any:
+        """Commit (``group_error`` is the coordinator's verdict on the member)."""
+        code = group_error
+        if code == 0:
+            try:
+                validate_group(request.group_id)
+            except StoreError:
+                code = ErrorCode.INVALID_GROUP_ID
+        wanted: dict[tuple[str, int], tuple[int, str]] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                wanted[(topic.name, p.partition_index)] = (
+                    p.committed_offset,
+                    p.committed_metadata or "",
+                )
+        codes = dict.fromkeys(wanted, code)
+        if code == 0:
+            codes = self._commit(request.group_id, wanted)
+        topics = []
+        for topic in request.topics:
+            parts = [
+                _CommitPartition(
+                    partition_index=p.partition_index,
+                    error_code=codes[(topic.name, p.partition_index)],
+                )
+                for p in topic.partitions
+            ]
+            topics.append(_CommitTopic(name=topic.name, partitions=parts))
+        return OffsetCommitResponse(version=version, throttle_time_ms=0, topics=topics)
+
+    def _commit(
+        self, group: str, wanted: dict[tuple[str, int], tuple[int, str]]
+    ) -> dict[tuple[str, int], int]:
+        codes = {}
+        valid = {}
+        for (topic, partition), (offset, metadata) in wanted.items():
+            if not 0 <= partition < self._partitions(topic):
+                codes[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif offset < 0:
+                codes[(topic, partition)] = ErrorCode.OFFSET_OUT_OF_RANGE
+            else:
+                codes[(topic, partition)] = 0
+                valid[(topic, partition)] = (offset, metadata)
+        if valid:
+            try:
+                self.offsets.commit(group, valid)
+            except StoreError as error:
+                log.warning("commit of group %s failed: %s", group, error)
+                for key in valid:
+                    codes[key] = ErrorCode.KAFKA_STORAGE_ERROR
+        return codes
+
+    def offset_fetch(self, request: Any, version: int) -> Any:
+        group_code = 0
+        committed: dict[tuple[str, int], tuple[int, str]] = {}
+        try:
+            committed = self.offsets.load(validate_group(request.group_id))
+        except StoreError as error:
+            group_code = error_for(error)
+            if isinstance(error, InvalidArgumentError):
+                group_code = ErrorCode.INVALID_GROUP_ID
+        if request.topics is None:
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(committed):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in request.topics}
+        topics = []
+        for name, partitions in wanted.items():
+            parts = []
+            for partition in partitions:
+                offset, metadata = committed.get((name, partition), (NO_OFFSET, ""))
+                parts.append(
+                    _FetchedPartition(
+                        partition_index=partition,
+                        committed_offset=offset,
+                        committed_leader_epoch=-1,
+                        metadata=metadata,
+                        error_code=group_code if version < 2 else 0,
+                    )
+                )
+            topics.append(_FetchedTopic(name=name, partitions=parts))
+        return OffsetFetchResponse(
+            version=version, throttle_time_ms=0, topics=topics, error_code=group_code
+        )

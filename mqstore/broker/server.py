@@ -1,0 +1,390 @@
+"""The broker's network front: an asyncio event loop serving Kafka's protocol.
+
+Seed 003's Reactor, in Python's terms:
+
+- one event loop (its own thread, ``Broker.start``) accepts connections and reads
+  and writes frames; nothing on it blocks on the disk;
+- per connection, a reader task reads request frames ahead (pipelining) and queues
+  one task per request, at most ``in_flight_per_connection_max``; a writer task
+  sends the responses in request order (Kafka's rule), so a slow request delays
+  only the responses behind it on its own connection;
+- the work: Produce on one produce thread (appends and idempotence checks in
+  order), the other APIs on ``read_threads``, Fetch's long poll on ``wait_threads``
+  woken by the engine's ``wait_for_data``; the group APIs on the loop
+  (mqstore.broker.groups).
+
+Bounds: frame size (``frame_bytes_max``: a larger frame closes the connection
+unread), requests in flight per connection, request bytes read and not yet answered
+across all connections (``queued_request_bytes_max``: readers wait), connections in
+all and per address, idle connections (no request for ``idle_timeout_ms``) closed.
+
+Bad input: a frame that is not a request we serve (unknown api key or version, a
+body that does not decode, a negative size) closes that connection and nothing
+else; an ApiVersions request above v3 is answered in v0 with error 35 (KIP-511).
+A handler bug closes the connection and is logged with the client's address.
+
+Shutdown (``Broker.stop``, SIGTERM under ``serve``): stop accepting, let the
+requests already read finish and their responses go out (bounded by
+``DRAIN_TIMEOUT_S``), close the connections, then the threads. The store is the
+caller's to close (``serve`` closes the one it opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from functools import partial
+from typing import Any, Final
+
+from mqstore.broker.config import BrokerConfig
+from mqstore.broker.groups import GroupCoordinator
+from mqstore.broker.handlers import Handlers
+from mqstore.broker.log import PartitionLog, RecordLog
+from mqstore.broker.protocol import (
+    API_VERSIONS,
+    FRAME_SIZE,
+    Api,
+    MalformedRequestError,
+    RequestHead,
+    decode_request,
+    encode_response,
+    peek,
+    served,
+    unsupported_api_versions,
+)
+from mqstore.commitlog.errors import StoreError
+from mqstore.engine import Engine
+
+__all__ = ["Broker"]
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for requests already read
+START_TIMEOUT_S: Final = 30.0
+PRODUCE: Final = 0
+FETCH: Final = 1
+OFFSET_COMMIT: Final = 8
+GROUP_APIS: Final = frozenset((11, 12, 13, 14))  # Join, Heartbeat, Leave, SyncGroup
+LONG_POLL_SLICE_MS: Final = 500  # one wait_for_data call; the loop re-checks between
+
+
+class Broker:
+    """A Kafka-protocol server over one engine. ``start`` runs it on its own thread;
+    the engine stays usable by the embedding process meanwhile."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: BrokerConfig | None = None,
+        *,
+        log_: PartitionLog | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = config or BrokerConfig()
+        self.log = log_ or RecordLog(engine)
+        self.port = self.config.port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stopping: asyncio.Event | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._per_address: Counter[str] = Counter()
+        self._queued_bytes = 0  # request bytes read and not yet answered, all connections
+        self._queued_room: asyncio.Event | None = None  # set when queued bytes went down
+        self._produce_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-produce")
+        self._read_pool = concurrent.futures.ThreadPoolExecutor(
+            self.config.read_threads, "broker-read"
+        )
+        self._wait_pool = concurrent.futures.ThreadPoolExecutor(
+            self.config.wait_threads, "broker-wait"
+        )
+        self.handlers: Handlers | None = None
+        self.groups: GroupCoordinator | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.config.advertised}:{self.port}"
+
+    def start(self) -> Broker:
+        """Listen and serve on a new thread; return once the socket listens.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        assert self._thread is None, "a Broker starts once"
+        self._thread = threading.Thread(target=self._run, name="broker-loop", daemon=True)
+        self._thread.start()
+        if not self._started.wait(START_TIMEOUT_S):
+            raise TimeoutError("the broker did not start listening")
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
+    def stop(self) -> None:
+        """Drain and stop (idempotent). The engine stays open."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            stopping = self._stopping
+            assert stopping is not None
+            loop.call_soon_threadsafe(stopping.set)
+            thread.join(DRAIN_TIMEOUT_S + 5)
+        for pool in (self._produce_pool, self._read_pool, self._wait_pool):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as error:  # reported to start(), or logged after it
+            if not self._started.is_set():
+                self._start_error = error
+                self._started.set()
+            else:
+                log.exception("broker loop failed")
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._queued_room = asyncio.Event()
+        self._server = await asyncio.start_server(
+            self._accept, self.config.host, self.config.port, limit=1 << 16
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.handlers = Handlers(self.log, self.engine.offsets, self.config, self.port)
+        self.groups = GroupCoordinator(self.config)
+        expiry = asyncio.create_task(self.groups.expire_loop())
+        self._started.set()
+        log.info("broker listening on %s:%d", self.config.host, self.port)
+        await self._stopping.wait()
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()  # each connection drains what it has read (see _connection)
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=DRAIN_TIMEOUT_S)
+        expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expiry
+        await self._server.wait_closed()
+
+    # ------------------------------------------------------------------ connections
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else "?"
+        if (
+            len(self._connections) >= self.config.connections_max
+            or self._per_address[address] >= self.config.connections_per_address_max
+        ):
+            log.warning("connection from %s refused: too many connections", address)
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        self._per_address[address] += 1
+        try:
+            await self._connection(reader, writer, f"{address}:{peer[1] if peer else '?'}")
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+            self._per_address[address] -= 1
+            if not self._per_address[address]:
+                del self._per_address[address]
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
+    ) -> None:
+        """Read frames ahead; a writer task sends responses in request order."""
+        pending: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+            self.config.in_flight_per_connection_max
+        )
+        sender = asyncio.create_task(self._send(pending, writer, client))
+        try:
+            while not sender.done():
+                payload = await self._read_frame(reader, client)
+                if payload is None:
+                    break
+                task = asyncio.create_task(self._respond(payload, client))
+                # A done callback, not a finally: a task cancelled before it starts
+                # never runs its coroutine's finally.
+                task.add_done_callback(partial(self._release, len(payload)))
+                await pending.put(task)
+        except asyncio.CancelledError:
+            pass  # shutdown: stop reading, answer what was read
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                pending.put_nowait(None)
+            if pending.full():  # no room for the end marker: stop the sender at once
+                sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(sender, DRAIN_TIMEOUT_S)
+
+    async def _read_frame(self, reader: asyncio.StreamReader, client: str) -> bytes | None:
+        """One request payload, or None: the peer closed, went idle, or sent a frame
+        size out of bounds."""
+        idle_s = self.config.idle_timeout_ms / 1000
+        try:
+            prefix = await asyncio.wait_for(reader.readexactly(FRAME_SIZE.size), idle_s)
+            (size,) = FRAME_SIZE.unpack(prefix)
+            if not 0 < size <= self.config.frame_bytes_max:
+                log.warning("%s: frame of %d bytes refused; closing", client, size)
+                return None
+            await self._reserve(size)
+            try:
+                return await asyncio.wait_for(reader.readexactly(size), idle_s)
+            except BaseException:
+                self._release(size)
+                raise
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            return None
+
+    async def _send(
+        self,
+        pending: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        writer: asyncio.StreamWriter,
+        client: str,
+    ) -> None:
+        while True:
+            task = await pending.get()
+            if task is None:
+                return
+            try:
+                response = await task
+            except Exception as error:
+                if not isinstance(error, MalformedRequestError | StoreError):
+                    log.exception("%s: request failed; closing", client)
+                else:
+                    log.warning("%s: %s; closing", client, error)
+                _cancel_pending(pending)
+                writer.close()  # the reader then sees the end of the stream
+                return
+            if response is None:
+                continue  # acks=0 Produce: no response
+            try:
+                writer.write(response)
+                await writer.drain()
+            except ConnectionError:
+                _cancel_pending(pending)
+                writer.close()
+                return
+
+    # ------------------------------------------------------------------ requests
+
+    async def _reserve(self, size: int) -> None:
+        """Wait until ``size`` more request bytes fit under queued_request_bytes_max
+        (one request always fits when nothing else is queued)."""
+        room = self._queued_room
+        assert room is not None
+        limit = self.config.queued_request_bytes_max
+        while self._queued_bytes and self._queued_bytes + size > limit:
+            room.clear()
+            await room.wait()
+        self._queued_bytes += size
+
+    def _release(self, size: int, _task: object = None) -> None:
+        """Give back a request's bytes (on the loop: a done callback or an error)."""
+        self._queued_bytes -= size
+        assert self._queued_bytes >= 0
+        if self._queued_room is not None:
+            self._queued_room.set()
+
+    async def _respond(self, payload: bytes, client: str) -> bytes | None:
+        """The framed response to one request, or None (acks=0)."""
+        head = peek(payload)
+        api = served(head)
+        if api is None:
+            if head.api_key == API_VERSIONS and head.api_version > 3:
+                return unsupported_api_versions(head.correlation_id)
+            raise MalformedRequestError(f"api {head.api_key} v{head.api_version} is not served")
+        loop = asyncio.get_running_loop()
+        if head.api_key == FETCH:
+            request = decode_request(api, head, payload)
+            response = await self._fetch(request, head.api_version)
+        elif head.api_key in GROUP_APIS or head.api_key == OFFSET_COMMIT:
+            response = await self._group_request(api, head, payload)
+        else:
+            pool = self._produce_pool if head.api_key == PRODUCE else self._read_pool
+            response = await loop.run_in_executor(pool, self._handle, api, head, payload)
+        if response is None:
+            return None
+        return encode_response(response, head.correlation_id)
+
+    def _handle(self, api: Api, head: RequestHead, payload: bytes) -> Any:
+        """Decode and handle on a worker thread."""
+        request = decode_request(api, head, payload)
+        handlers = self.handlers
+        assert handlers is not None
+        method = _SYNC_HANDLERS[head.api_key]
+        return getattr(handlers, method)(request, head.api_version)
+
+    async def _fetch(self, request: Any, version: int) -> Any:
+        """One pass; if it holds fewer than min_bytes, long-poll and pass again."""
+        handlers = self.handlers
+        assert handlers is not None
+        loop = asyncio.get_running_loop()
+        wait_ms = min(max(request.max_wait_ms, 0), self.config.fetch_wait_max_ms)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            result = await loop.run_in_executor(
+                self._read_pool, handlers.fetch_pass, request, version, True
+            )
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            stopping = self._stopping is not None and self._stopping.is_set()
+            if result.records_bytes >= max(request.min_bytes, 1) or not result.waiting:
+                return result.response
+            if left_ms <= 0 or stopping:
+                return result.response
+            await loop.run_in_executor(
+                self._wait_pool, handlers.wait, result.waiting, min(left_ms, LONG_POLL_SLICE_MS)
+            )
+
+    async def _group_request(self, api: Api, head: RequestHead, payload: bytes) -> Any:
+        groups, handlers = self.groups, self.handlers
+        assert groups is not None and handlers is not None
+        request = decode_request(api, head, payload)
+        if head.api_key == OFFSET_COMMIT:
+            verdict = groups.commit_allowed(
+                request.group_id, request.generation_id_or_member_epoch, request.member_id
+            )
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._read_pool, handlers.offset_commit, request, head.api_version, verdict
+            )
+        return await groups.handle(head.api_key, request, head.api_version)
+
+
+_SYNC_HANDLERS: Final = {
+    0: "produce",
+    2: "list_offsets",
+    3: "metadata",
+    9: "offset_fetch",
+    10: "find_coordinator",
+    18: "api_versions",
+    19: "create_topics",
+    22: "init_producer_id",
+}
+
+
+def _cancel_pending(pending: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:
+    while not pending.empty():
+        task = pending.get_nowait()
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,111 @@
+"""Consumer groups over the wire: real rebalancing with librdkafka consumers and a
+kafka-python group consumer, committed offsets in the store's own OffsetStore."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+
+from mqstore.broker import Broker
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+WAIT_S = 30.0
+
+
+def group_consumer(broker: Broker, group: str) -> Any:
+    return confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+        }
+    )
+
+
+def wait_for_assignment(consumers: list[Any], sizes: list[int]) -> list[set[int]]:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for consumer in consumers:
+            consumer.poll(0.1)
+        owned = [{tp.partition for tp in c.assignment()} for c in consumers]
+        if [len(o) for o in owned] == sizes:
+            return owned
+    raise AssertionError(f"assignments {[c.assignment() for c in consumers]}, wanted {sizes}")
+
+
+def test_rebalance_when_a_consumer_joins_and_one_leaves(commitlog_broker: Broker) -> None:
+    commitlog_broker.engine.create_topic("work", 4)
+    first = group_consumer(commitlog_broker, "workers")
+    first.subscribe(["work"])
+    assert wait_for_assignment([first], [4]) == [{0, 1, 2, 3}]
+    second = group_consumer(commitlog_broker, "workers")
+    second.subscribe(["work"])
+    owned = wait_for_assignment([first, second], [2, 2])
+    assert owned[0] | owned[1] == {0, 1, 2, 3}
+    second.close()  # LeaveGroup: the first takes everything back
+    assert wait_for_assignment([first], [4]) == [{0, 1, 2, 3}]
+    first.close()
+    group = commitlog_broker.groups.groups.get("workers") if commitlog_broker.groups else None
+    assert group is None or not group.members
+
+
+def test_group_consumer_commits_and_resumes(broker: Broker) -> None:
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(30):
+        producer.send("jobs", value=b"job-%d" % i)
+    producer.flush(timeout=WAIT_S)
+    producer.close(timeout=5)
+
+    def consume(count: int) -> list[Any]:
+        consumer = KafkaConsumer(
+            "jobs", bootstrap_servers=broker.bootstrap, group_id="jobbers",
+            auto_offset_reset="earliest", enable_auto_commit=False, max_poll_records=count,
+        )  # fmt: skip
+        got: list[Any] = []
+        deadline = time.monotonic() + WAIT_S
+        try:
+            while len(got) < count and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=300, max_records=count - len(got)).values():
+                    got.extend(records)
+            consumer.commit()
+        finally:
+            consumer.close()
+        return got
+
+    first = consume(10)
+    assert [r.offset for r in first] == list(range(10))
+    assert broker.engine.offsets.load("jobbers")[("jobs", 0)][0] == 10
+    rest = consume(20)
+    assert [r.offset for r in rest] == list(range(10, 30))
+
+
+def test_a_silent_member_expires(commitlog_broker: Broker) -> None:
+    """A member that stops heartbeating is removed after its session timeout."""
+    import asyncio
+
+    from kafka.protocol.consumer import JoinGroupRequest
+
+    groups = commitlog_broker.groups
+    loop = commitlog_broker._loop
+    assert groups is not None and loop is not None
+    request = JoinGroupRequest(
+        version=3, group_id="quiet", session_timeout_ms=1_000, rebalance_timeout_ms=1_000,
+        member_id="", protocol_type="consumer",
+        protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
+    )  # fmt: skip
+    request.with_header(correlation_id=1, client_id="quiet-client")
+    answer = asyncio.run_coroutine_threadsafe(groups.handle(11, request, 3), loop).result(10)
+    assert answer.error_code == 0
+    assert answer.leader == answer.member_id
+    assert groups.groups["quiet"].members
+    deadline = time.monotonic() + 10
+    while "quiet" in groups.groups and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "quiet" not in groups.groups
