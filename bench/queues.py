@@ -18,7 +18,9 @@ interleaved (every case once per round, in a fixed order); medians with [min, ma
 
     python -m bench.queues [--rounds 3] [--messages 200000] [--no-segmented]
 
-Writes bench/results/queues.json.
+Writes bench/results/queues.json, with a ``targets`` list: the issue's rows (100,000
+queues >= 0.5x and 4,096 queues >= 0.8x of the 1-queue readable rate; at 100,000 queues
+<= 2,000 more open fds and <= 200 MiB more RSS than the empty store).
 """
 
 from __future__ import annotations
@@ -165,6 +167,39 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+RATE_TARGETS = ((100_000, 0.5), (4_096, 0.8))  # queues, x of the 1-queue rate (issue 15)
+FDS_GROWTH_MAX = 2_000  # at 100,000 queues, above an empty store
+RSS_GROWTH_MAX_MIB = 200.0
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's target rows, from the medians (a row per target the run measured)."""
+    rows: list[dict[str, Any]] = []
+    one = summary.get("commitlog/1", {}).get("readable_msg_per_s")
+    for queues, ratio_min in RATE_TARGETS:
+        case = summary.get(f"commitlog/{queues}", {})
+        if one is None or "readable_msg_per_s" not in case:
+            continue
+        rate = case["readable_msg_per_s"]
+        rows.append({
+            "row": f"CommitLog, {queues:,} queues: readable msg/s vs 1 queue",
+            "value": rate, "unit": "msg/s", "peer": "CommitLog, 1 queue", "peer_value": one,
+            "ratio": rate / one, "target": f">= {ratio_min}x", "met": rate / one >= ratio_min,
+        })  # fmt: skip
+    case = summary.get("commitlog/100000", {})
+    if "open_fds_growth" in case:
+        for key, label, unit, limit in (
+            ("open_fds_growth", "open fds", "fds", FDS_GROWTH_MAX),
+            ("rss_growth_mib", "RSS growth", "MiB", RSS_GROWTH_MAX_MIB),
+        ):
+            rows.append({
+                "row": f"CommitLog, 100,000 queues: {label} above an empty store",
+                "value": float(case[key]), "unit": unit, "peer": None, "peer_value": None,
+                "ratio": None, "target": f"<= {limit:,}", "met": case[key] <= limit,
+            })  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -212,6 +247,7 @@ def main() -> None:
         "body_bytes": BODY_BYTES,
         "rounds": args.rounds,
         "cases": summary,
+        "targets": targets(summary),
     }
     write_results(args.output, report)
 

@@ -138,6 +138,8 @@ class CommitLog:
         self._flush_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
         self._queue_offset_loader: Callable[[str, int], int] | None = None
+        self._topic_offsets_loader: Callable[[str], dict[int, int]] | None = None
+        self._seeded_topics: set[str] = set()  # topics the table was seeded for
         # The append state (write position, newest store timestamp, current file,
         # prepare-next threshold, feed) lives in the appender, read and set under _lock.
         self._appender = new_appender(self._lock, self._queue_offsets)
@@ -171,6 +173,7 @@ class CommitLog:
         read_only: bool = False,
         recover_from: int | None = None,
         queue_offset_loader: Callable[[str, int], int] | None = None,
+        topic_offsets_loader: Callable[[str], dict[int, int]] | None = None,
         syncer: Callable[[MappedFile], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
         store_ts_floor_ms: int = 0,
@@ -184,6 +187,11 @@ class CommitLog:
             queue_offset_loader: gives the next queue offset of a queue the log has
                 not seen since open (from the ConsumeQueue). Without it, offsets come
                 from the records scanned at open (so ``recover_from`` must be None).
+            topic_offsets_loader: gives the next queue offsets of many queues of a
+                topic at once (queue id -> offset; those it leaves out go to
+                ``queue_offset_loader``). Asked once per topic, on the first queue of
+                the topic the log has not seen since open: the table is seeded with
+                them, so the first append to each is a common one (issue 15).
             syncer: makes one file durable; tests inject counting or failing ones.
             clock_ms: the store clock; tests inject a fake one.
             store_ts_floor_ms: a store timestamp the log already used (the
@@ -198,6 +206,7 @@ class CommitLog:
             makedirs_durable(directory)
         commitlog = cls(directory, config, read_only, syncer, clock_ms)
         commitlog._queue_offset_loader = queue_offset_loader
+        commitlog._topic_offsets_loader = topic_offsets_loader
         commitlog._appender.last_store_ts_ms = max(0, store_ts_floor_ms)
         try:
             commitlog._files.load()
@@ -632,6 +641,19 @@ class CommitLog:
             raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
 
     def _load_queue_offset(self, topic: str, queue_id: int) -> int:
+        """Under the lock: the next offset of a queue missing from the table."""
+        seeder = self._topic_offsets_loader
+        if seeder is not None and topic not in self._seeded_topics:
+            self._seeded_topics.add(topic)  # once: a partition added later loads alone
+            table = self._queue_offsets
+            seeded = {(topic, queue): offset for queue, offset in seeder(topic).items()}
+            for key in seeded.keys() & table.keys():
+                del seeded[key]  # the table's own count (appends, the scan at open) wins
+            assert all(offset >= 0 for offset in seeded.values())
+            table.update(seeded)
+            found = table.get((topic, queue_id))
+            if found is not None:
+                return found
         loader = self._queue_offset_loader
         offset = loader(topic, queue_id) if loader is not None else 0
         assert offset >= 0

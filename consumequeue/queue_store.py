@@ -12,6 +12,9 @@ the number of descriptors held stays bounded however many queues are used.
 Young queues keep their units in one shared unit log per topic
 (``<directory>/<topic>/.shared``, mqstore.consumequeue.shared_log), opened on the
 topic's first use, and graduate to files of their own (mqstore.consumequeue.queue_shared).
+A young queue needs no object to be written: ``max_offset_of``,
+``next_offsets_without_objects`` and ``shared_append_limits`` answer for queues without
+one from the shared log and the topic's directory listing (issue 15).
 
 Crash policy: after CommitLog recovery the store calls ``truncate_beyond`` (drop units
 that point past the recovered log end) and, after retention, ``correct_min_offsets``;
@@ -46,6 +49,10 @@ from mqstore.consumequeue.shared_log import SharedUnitLog
 __all__ = ["ConsumeQueueStore", "QUEUE_ID_MAX"]
 
 QUEUE_ID_MAX = (1 << 31) - 1  # queue ids are int32 in the CommitLog record
+# next_offsets_without_objects answers for queue ids below this at most: the CommitLog
+# keeps an entry (~100 bytes) per answer, so a topic costs at most ~13 MiB up front;
+# higher ids are asked one by one (max_offset_of, still no object).
+SEED_QUEUES_MAX = 1 << 17
 
 
 class ConsumeQueueStore:
@@ -139,13 +146,114 @@ class ConsumeQueueStore:
                 self._queues[key] = self._new_queue(topic, queue_id)
             return self._queues[key]
 
+    def max_offset_of(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset, as ``queue(topic, queue_id).max_offset`` answers,
+        without building its ConsumeQueue when the writer knows it has no object and no
+        own files: its units, if any, are then its shared run's, and the answer is the
+        run's end (0 without a run). The CommitLog asks this once per queue it appends
+        to (its queue-offset table), so new queues build no object on the put path.
+
+        Raises:
+            The errors of ``queue``.
+        """
+        with self._ctx.lock:
+            shared = self._log_of_objectless(topic, queue_id)
+            if shared is not None:
+                run = shared.runs.get(queue_id)
+                return 0 if run is None else run.end
+        return self.queue(topic, queue_id).max_offset
+
+    def next_offsets_without_objects(self, topic: str, partitions: int) -> dict[int, int]:
+        """``max_offset_of`` of every queue id below ``partitions`` (and SEED_QUEUES_MAX)
+        that has no object and no own files, in one pass (the others are left out: ask
+        them one by one).
+        {} for a read-only or closed store. The CommitLog seeds its queue-offset table
+        with this on a topic's first put, so a new queue's first put is a common one.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad topic name.
+            CorruptDataError: the topic's shared log is damaged.
+        """
+        with self._ctx.lock:
+            if self.read_only or self._ctx.closed or partitions <= 0:
+                return {}
+            validate_topic(topic)
+            listed = self._listing(topic)
+            offsets = dict.fromkeys(range(min(partitions, SEED_QUEUES_MAX)), 0)
+            for queue_id, run in self.shared_log(topic).runs.items():
+                if queue_id in offsets:
+                    offsets[queue_id] = run.end
+            for name in listed:  # dropping too many is safe: those load one by one
+                if name.isdigit():
+                    offsets.pop(int(name), None)
+            for queue_topic, queue_id in self._queues:
+                if queue_topic == topic:
+                    offsets.pop(queue_id, None)
+            return offsets
+
+    def shared_append_limits(self, topic: str, queue_ids: list[int]) -> list[int | None]:
+        """Per queue id: ``ConsumeQueue.append_limit`` of a queue without an object or
+        own files (the offset from which its units would go to own files), from its
+        shared run alone; None for a queue with an object or own files, an invalid
+        one, or all of them when sharing is off: ask its object (``queue``)."""
+        units_max = self.config.shared_units_max
+        if units_max == 0:
+            return [None] * len(queue_ids)
+        with self._ctx.lock:
+            if self.read_only or self._ctx.closed:
+                return [None] * len(queue_ids)
+            try:
+                validate_topic(topic)
+            except (InvalidArgumentError, InvalidTypeError):
+                return [None] * len(queue_ids)  # queue() raises them
+            listed, objects = self._listing(topic), self._queues
+            runs = self.shared_log(topic).runs
+            limits: list[int | None] = []
+            for queue_id in queue_ids:
+                if (
+                    type(queue_id) is not int
+                    or not 0 <= queue_id <= QUEUE_ID_MAX
+                    or (topic, queue_id) in objects
+                    or (listed and str(queue_id) in listed)
+                ):
+                    limits.append(None)
+                    continue
+                run = runs.get(queue_id)
+                # An empty run ends at its first offset: the queue's next offset.
+                limits.append((0 if run is None else run.first_offset) + units_max)
+            return limits
+
+    def _log_of_objectless(self, topic: str, queue_id: int) -> SharedUnitLog | None:
+        """Under the lock: the topic's shared log when (topic, queue_id) is a valid
+        queue of an open writer with no object yet and no directory on disk (only this
+        writer creates queue directories, and only through the queue's object, so the
+        listing taken once per topic stays true); else None."""
+        if self.read_only or self._ctx.closed:
+            return None
+        if type(queue_id) is not int or not 0 <= queue_id <= QUEUE_ID_MAX:
+            return None  # queue() raises the typed error
+        try:
+            if (topic, queue_id) in self._queues:
+                return None
+        except TypeError:  # an unhashable topic: queue() says what is wrong
+            return None
+        validate_topic(topic)
+        if str(queue_id) in self._listing(topic):
+            return None
+        return self.shared_log(topic)
+
+    def _listing(self, topic: str) -> set[str]:
+        """Writer: the topic's queue directories not loaded yet, listed once."""
+        listed = self._on_disk.get(topic)
+        if listed is None:
+            listed = self._on_disk[topic] = set(_list_directory(self.directory + os.sep + topic))
+        return listed
+
     def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         topic_directory = self.directory + os.sep + topic
         known_empty = False
         if not self.read_only:
-            if topic not in self._on_disk:
-                self._on_disk[topic] = set(_list_directory(topic_directory))
-            listed = self._on_disk[topic]
+            listed = self._listing(topic)
             known_empty = str(queue_id) not in listed
             listed.discard(str(queue_id))
         directory = topic_directory + os.sep + str(queue_id)

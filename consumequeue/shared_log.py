@@ -40,7 +40,6 @@ import itertools
 import logging
 import mmap
 import os
-import zlib
 from array import array
 from collections.abc import Callable
 from typing import Final
@@ -50,10 +49,6 @@ import numpy as np
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
-    SHARED_END,
-    SHARED_ENDS_FILE,
-    SHARED_ENDS_HEADER,
-    SHARED_ENDS_MAGIC,
     SHARED_RECORD,
     SHARED_RECORD_SIZE_BYTES,
     SHARED_UNIT_VIEW,
@@ -62,13 +57,13 @@ from mqstore.consumequeue.format import (
     UNIT,
 )
 from mqstore.consumequeue.mapped_file import (
-    _wrap_os_error,
     create_file,
     make_directories,
     remove_file,
     reserve,
     sync_path,
 )
+from mqstore.consumequeue.shared_ends import read_ends, write_ends
 
 __all__ = ["RESERVE_CHUNK_BYTES", "SharedRun", "SharedUnitLog", "SharedVerifier"]
 
@@ -81,7 +76,9 @@ _SIZE_AT: Final = 8  # byte position of the size field in a record (tombstones z
 assert SHARED_RECORD.fields is not None and SHARED_RECORD.fields["size"][1] == _SIZE_AT
 _FILE_NAME_FORMAT: Final = f"%0{FILE_NAME_DIGITS}d"
 FOLLOW_CHUNK_RECORDS: Final = 4096  # records a reader's follow() scans per step (160 KiB)
-ENDS_COUNT_MAX: Final = 1 << 31  # queue ids are int32: one entry each at most
+
+
+_NO_POSITIONS: Final = array("q")  # copied (a slice) per run: cheaper than array("q")
 
 
 class SharedRun:
@@ -89,10 +86,13 @@ class SharedRun:
 
     __slots__ = ("first_offset", "min_offset", "positions")
 
-    def __init__(self, first_offset: int) -> None:
+    def __init__(self, first_offset: int, position: int | None = None) -> None:
+        """An empty run at ``first_offset``, or one of a unit at record ``position``."""
         self.first_offset = first_offset
         self.min_offset = first_offset
-        self.positions = array("q")  # record index of offset first_offset + i
+        self.positions = _NO_POSITIONS[:]  # record index of offset first_offset + i
+        if position is not None:
+            self.positions.append(position)
 
     @property
     def end(self) -> int:
@@ -206,23 +206,28 @@ class SharedUnitLog:
         first = self._end
         self._write_records(first, records)
         runs = self.runs
+        find = runs.get
         for queue_id, queue_offset, position in zip(
             queue_ids[:count].tolist(),
             queue_offsets[:count].tolist(),
             range(first, first + count),
             strict=True,
         ):
-            run = runs.get(queue_id)
+            run = find(queue_id)
             if run is None or not run.positions:
-                run = runs[queue_id] = SharedRun(queue_offset)
-            run.positions.append(position)
+                runs[queue_id] = SharedRun(queue_offset, position)
+            else:
+                run.positions.append(position)
         self._last_commitlog_offset = int(commitlog_offsets[count - 1])
         return count
 
     def _appendable(
         self, queue_ids: np.ndarray, queue_offsets: np.ndarray, commitlog_offsets: np.ndarray
     ) -> int:
-        """The length of the prefix ``append`` may take (see there)."""
+        """The length of the prefix ``append`` may take (see there): the units before
+        the first that is out of commitlog order, or not the next of its queue (after
+        the queue's unit before it in the call, else after its run unless empty).
+        Vectorized: a Python step per distinct queue, none per unit."""
         total = len(queue_ids)
         if total == 0:
             return 0
@@ -233,19 +238,25 @@ class SharedUnitLog:
             out_of_order = np.flatnonzero(clogs[1:] <= clogs[:-1])
             if len(out_of_order):
                 total = int(out_of_order[0]) + 1
-        nexts: dict[int, int] = {}
+        ids = np.asarray(queue_ids[:total], dtype=np.int64)
+        offsets = np.asarray(queue_offsets[:total], dtype=np.int64)
+        order = np.argsort(ids, kind="stable")  # per queue, in call order
+        sorted_ids, sorted_offsets = ids[order], offsets[order]
+        same = sorted_ids[1:] == sorted_ids[:-1]
+        stops = [order[1:][same & (sorted_offsets[1:] != sorted_offsets[:-1] + 1)]]
+        firsts = order[np.concatenate(([True], ~same))]  # each queue's first unit
         runs = self.runs
-        for index, (queue_id, queue_offset) in enumerate(
-            zip(queue_ids[:total].tolist(), queue_offsets[:total].tolist(), strict=True)
-        ):
-            expected = nexts.get(queue_id)
-            if expected is None:
-                run = runs.get(queue_id)
-                expected = queue_offset if run is None or not run.positions else run.end
-            if queue_offset != expected:
-                return index
-            nexts[queue_id] = queue_offset + 1
-        return total
+        ends = np.fromiter(
+            (
+                -1 if run is None or not run.positions else run.end
+                for run in map(runs.get, ids[firsts].tolist())
+            ),
+            dtype=np.int64,
+            count=len(firsts),
+        )  # -1: no run, or an empty one, which may start anywhere
+        stops.append(firsts[(ends >= 0) & (ends != offsets[firsts])])
+        stop = np.concatenate(stops)
+        return int(stop.min()) if len(stop) else total
 
     def _write_records(self, first: int, records: np.ndarray) -> None:
         """pwrite records from record index ``first``, file by file, blocks reserved first."""
@@ -470,7 +481,7 @@ class SharedUnitLog:
         indexes = self._list()
         self.runs = {}
         self._records.clear()
-        self._ends = self._read_ends()
+        self._ends = read_ends(self.directory)
         if not indexes:
             self._file_lo = self._file_hi = self._end = 0
             self._last_commitlog_offset = -1
@@ -743,36 +754,6 @@ class SharedUnitLog:
                 run = runs[queue_id] = SharedRun(queue_offset)
             run.positions.append(position)
 
-    def _ends_path(self) -> str:
-        return os.path.join(self.directory, SHARED_ENDS_FILE)
-
-    def _read_ends(self) -> dict[int, int]:
-        """The ``ends`` file (see format.py); {} when absent.
-
-        Raises:
-            CorruptDataError: a bad magic, count or checksum.
-        """
-        path = self._ends_path()
-        try:
-            with open(path, "rb") as file:
-                data = file.read()
-        except FileNotFoundError:
-            return {}
-        if len(data) < SHARED_ENDS_HEADER.size:
-            raise CorruptDataError(path, 0, f"ends file of {len(data)} bytes has no header")
-        magic, count, crc = SHARED_ENDS_HEADER.unpack_from(data)
-        body = data[SHARED_ENDS_HEADER.size :]
-        if magic != SHARED_ENDS_MAGIC:
-            raise CorruptDataError(path, 0, f"bad ends magic 0x{magic:08x}")
-        if len(body) != count * SHARED_END.itemsize:
-            raise CorruptDataError(path, 4, f"{count} ends entries do not fit {len(body)} bytes")
-        if zlib.crc32(body) != crc:
-            raise CorruptDataError(path, 8, "ends entries do not match their checksum")
-        entries = np.frombuffer(body, dtype=SHARED_END)
-        if len(entries) and (entries["next_offset"].min() < 0 or entries["queue_id"].min() < 0):
-            raise CorruptDataError(path, SHARED_ENDS_HEADER.size, "negative ends entry")
-        return dict(zip(entries["queue_id"].tolist(), entries["next_offset"].tolist(), strict=True))
-
     def _remember_ends(self, floor: int) -> None:
         """Before records below ``floor`` are deleted: remember the next offset of
         every queue that keeps none, durably (the file replaced atomically)."""
@@ -787,24 +768,7 @@ class SharedUnitLog:
                 ends[queue_id] = run.end
         if ends == self._ends:
             return
-        assert len(ends) < ENDS_COUNT_MAX
-        entries = np.array(sorted(ends.items()), dtype=SHARED_END)
-        body = entries.tobytes()
-        data = SHARED_ENDS_HEADER.pack(SHARED_ENDS_MAGIC, len(entries), zlib.crc32(body)) + body
-        path = self._ends_path()
-        temporary = path + TEMP_SUFFIX
-        try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                written = os.write(fd, data)
-                assert written == len(data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, path)
-        except OSError as error:
-            raise _wrap_os_error(error, f"writing {path}") from error
-        sync_path(self.directory, directory=True)
+        write_ends(self.directory, ends)
         self._ends = ends
 
     def _path(self, file_index: int) -> str:

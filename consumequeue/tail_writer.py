@@ -37,6 +37,13 @@ pwrite), in log order; a unit the log does not take (a re-put, a gap, commitlog
 order) goes through ``ConsumeQueue.put``, and the slot's limit is read again. The
 rest go to own files as above. The cached limits are re-read whenever a queue's run
 is cut or restarted (``QueueContext.shared_generation``).
+
+No object per queue (issue 15): a slot of a queue that has no ConsumeQueue object and
+no own files holds None, and its limit comes from the shared log alone
+(``ConsumeQueueStore.shared_append_limits``, one call per topic for the new queues of
+a round: ``slots_of``); the object is built on the first unit that needs it (one that
+graduates the queue, a re-put, an error to raise). 100,000 young queues then cost a
+slot each (a dict entry and a row of the per-slot arrays), not an object.
 """
 
 from __future__ import annotations
@@ -93,7 +100,10 @@ class TailWriter:
         self._store = queues
         self._ctx = queues._ctx
         self._slots: dict[tuple[str, int], int] = {}
-        self._queues: list[ConsumeQueue] = []
+        # Per slot its queue's object; None (sharing on) while the queue has none and
+        # no own files: its units go to the shared log, and the object is built on the
+        # first unit that needs it (issue 15: no object per queue on the dispatch path).
+        self._queues: list[ConsumeQueue | None] = []
         self._refs: list[tuple[MappedUnitFile, MappedTimeFile] | None] = []
         self._table = np.zeros((64, _COLUMNS), dtype=np.int64)
         self._generation = -1
@@ -109,36 +119,113 @@ class TailWriter:
         """The slot of a queue (given one on first use)."""
         slot = self._slots.get((topic, queue_id))
         if slot is None:
-            slot = self._add_slot(topic, queue_id)
+            self._add_slots(topic, [queue_id])
+            slot = self._slots[(topic, queue_id)]
         return slot
+
+    def slots_of(self, keys: list[tuple[str, int]]) -> list[int]:
+        """The slots of many queues (``slot_of`` each), new ones given per topic in
+        one pass: a round of 100,000 new queues costs no call per queue (issue 15)."""
+        slots = self._slots
+        by_topic: dict[str, list[int]] = {}
+        for topic, queue_id in dict.fromkeys(key for key in keys if key not in slots):
+            by_topic.setdefault(topic, []).append(queue_id)  # once each, in order
+        for topic, queue_ids in by_topic.items():
+            self._add_slots(topic, queue_ids)
+        return [slots[key] for key in keys]
 
     @property
     def slots(self) -> dict[tuple[str, int], int]:
         """Slots by (topic, queue id), for callers that look many up at once."""
         return self._slots
 
-    def _add_slot(self, topic: str, queue_id: int) -> int:
-        queue = self._store.queue(topic, queue_id)  # validates
-        slot = len(self._queues)
-        self._queues.append(queue)
-        self._refs.append(None)
-        if slot == len(self._table):
-            grown = np.zeros((2 * len(self._table), _COLUMNS), dtype=np.int64)
-            grown[:slot] = self._table
-            self._table = grown
-            self._limits = np.concatenate([self._limits, np.full(slot, -1, dtype=np.int64)])
-            self._slot_queue_ids = np.concatenate([self._slot_queue_ids, self._slot_queue_ids])
-            self._slot_topics = np.concatenate([self._slot_topics, self._slot_topics])
-        self._slots[(topic, queue_id)] = slot
+    def _add_slots(self, topic: str, queue_ids: list[int]) -> None:
+        """Give slots to queues of one topic that have none (distinct ids). With sharing
+        on, a queue without an object or own files gets none (None in ``_queues``) and
+        its limit comes from the shared log alone (``shared_append_limits``)."""
+        store = self._store
+        count = len(queue_ids)
+        limits = store.shared_append_limits(topic, queue_ids) if self._sharing else [None] * count
+        # Queues the shared log cannot answer for (or all, with sharing off) are built
+        # here, which validates them: the typed errors of ConsumeQueueStore.queue.
+        queues = [
+            store.queue(topic, queue_id) if limit is None else None
+            for queue_id, limit in zip(queue_ids, limits, strict=True)
+        ]
+        first = len(self._queues)
+        self._grow(first + count)
         topic_index = self._topic_index.get(topic)
         if topic_index is None:
             topic_index = self._topic_index[topic] = len(self._topics)
             self._topics.append(topic)
-        self._slot_queue_ids[slot] = queue_id
-        self._slot_topics[slot] = topic_index
+        self._slot_queue_ids[first : first + count] = queue_ids
+        self._slot_topics[first : first + count] = topic_index
+        self._queues.extend(queues)
+        self._refs.extend([None] * count)
+        self._slots.update(
+            zip(
+                [(topic, queue_id) for queue_id in queue_ids],
+                range(first, first + count),
+                strict=True,
+            )
+        )
         if self._sharing:
-            self._limits[slot] = queue.append_limit()
-        return slot
+            self._limits[first : first + count] = list(map(_limit_of, queues, limits))
+
+    def _refresh_limits(self) -> None:
+        """Every slot's limit again (a run was cut or restarted): the built queues ask
+        their object, the others their topic's shared log, one call per topic."""
+        by_topic: dict[int, list[int]] = {}
+        for slot, queue in enumerate(self._queues):
+            if queue is None:
+                by_topic.setdefault(int(self._slot_topics[slot]), []).append(slot)
+            else:
+                self._limits[slot] = queue.append_limit()
+        for topic_index, slots in by_topic.items():
+            queue_ids = self._slot_queue_ids[slots].tolist()
+            limits = self._store.shared_append_limits(self._topics[topic_index], queue_ids)
+            for slot, limit in zip(slots, limits, strict=True):
+                self._limits[slot] = self._limit(slot) if limit is None else limit
+
+    def _grow(self, slots_needed: int) -> None:
+        """Make the per-slot arrays hold ``slots_needed`` slots (doubling)."""
+        size = len(self._table)
+        if slots_needed <= size:
+            return
+        while size < slots_needed:
+            size *= 2
+        used = len(self._queues)
+        grown = np.zeros((size, _COLUMNS), dtype=np.int64)
+        grown[:used] = self._table[:used]
+        self._table = grown
+        limits = np.full(size, -1, dtype=np.int64)
+        limits[:used] = self._limits[:used]
+        self._limits = limits
+        queue_ids = np.zeros(size, dtype=np.int32)
+        queue_ids[:used] = self._slot_queue_ids[:used]
+        self._slot_queue_ids = queue_ids
+        topics = np.zeros(size, dtype=np.int32)
+        topics[:used] = self._slot_topics[:used]
+        self._slot_topics = topics
+
+    def _queue(self, slot: int) -> ConsumeQueue:
+        """The slot's queue object, built on first need."""
+        queue = self._queues[slot]
+        if queue is None:
+            topic = self._topics[int(self._slot_topics[slot])]
+            queue = self._store.queue(topic, int(self._slot_queue_ids[slot]))
+            self._queues[slot] = queue
+        return queue
+
+    def _limit(self, slot: int) -> int:
+        """The slot's append limit (``ConsumeQueue.append_limit``), from the shared log
+        alone while the queue has no object and no own files."""
+        if self._queues[slot] is None:
+            topic = self._topics[int(self._slot_topics[slot])]
+            (limit,) = self._store.shared_append_limits(topic, [int(self._slot_queue_ids[slot])])
+            if limit is not None:
+                return limit
+        return self._queue(slot).append_limit()
 
     def write(
         self,
@@ -173,7 +260,7 @@ class TailWriter:
         count = len(slots)
         if NATIVE is None:
             for index in range(count):
-                self._queues[int(slots[index])].put(
+                self._queue(int(slots[index])).put(
                     int(queue_offsets[index]), int(commitlog_offsets[index]),
                     int(sizes[index]), int(tag_hashes[index]), int(timestamps_ms[index]),
                 )  # fmt: skip
@@ -193,7 +280,7 @@ class TailWriter:
                 if stop == count:
                     return
                 slot = int(slots[stop])
-                self._queues[slot].put(
+                self._queue(slot).put(
                     int(queue_offsets[stop]), int(commitlog_offsets[stop]), int(sizes[stop]),
                     int(tag_hashes[stop]), int(timestamps_ms[stop]),
                 )  # fmt: skip
@@ -201,7 +288,7 @@ class TailWriter:
                     self._detach_all()
                 self._attach(slot)
                 if self._sharing:
-                    self._limits[slot] = self._queues[slot].append_limit()
+                    self._limits[slot] = self._limit(slot)
                 start = stop + 1
 
     def forget(self, topic: str, queue_id: int) -> None:
@@ -211,7 +298,7 @@ class TailWriter:
             self._table[slot, _UNITS_ADDR] = 0
             self._refs[slot] = None
             if self._sharing:
-                self._limits[slot] = self._queues[slot].append_limit()
+                self._limits[slot] = self._limit(slot)
 
     def detach_all(self) -> None:
         """Let go of every file (before the queues change behind the dispatcher's
@@ -234,8 +321,7 @@ class TailWriter:
         log order; return the indexes of the others (None: there were none here)."""
         if self._shared_generation != self._ctx.shared_generation:
             self._shared_generation = self._ctx.shared_generation
-            for slot, queue in enumerate(self._queues):
-                self._limits[slot] = queue.append_limit()
+            self._refresh_limits()
         handled = np.zeros(len(slots), dtype=bool)
         if not (queue_offsets < self._limits[slots]).any():
             return None
@@ -258,12 +344,12 @@ class TailWriter:
             if appended < len(pending):
                 stop = int(pending[appended])
                 slot = int(slots[stop])
-                self._queues[slot].put(
+                self._queue(slot).put(
                     int(queue_offsets[stop]), int(commitlog_offsets[stop]), int(sizes[stop]),
                     int(tag_hashes[stop]), int(timestamps_ms[stop]),
                 )  # fmt: skip
                 handled[stop] = True
-                self._limits[slot] = self._queues[slot].append_limit()
+                self._limits[slot] = self._limit(slot)
         return np.flatnonzero(~handled)
 
     def _publish(self, written: np.ndarray) -> None:
@@ -273,6 +359,7 @@ class TailWriter:
         queues, refs = self._queues, self._refs
         for slot, (next_offset, last_clog) in zip(touched.tolist(), rows, strict=True):
             queue = queues[slot]
+            assert queue is not None  # an attached row's queue is built (_attach)
             queue._max_offset = next_offset
             queue._last_commitlog_offset = last_clog
             files = refs[slot]
@@ -294,7 +381,7 @@ class TailWriter:
         cache = self._ctx.cache
         if len(self._queues) * 2 > cache.max_open_files or self._ctx.closed:
             return
-        queue = self._queues[slot]
+        queue = self._queue(slot)
         upf = queue._upf
         next_offset = queue._max_offset
         file_index, unit_in_file = divmod(next_offset, upf)
@@ -323,3 +410,11 @@ class TailWriter:
         row[_LAST_CLOG] = -1 if last is None else last
         self._refs[slot] = (units, times)
         row[_UNITS_ADDR] = units.units.ctypes.data  # last: attaches the row
+
+
+def _limit_of(queue: ConsumeQueue | None, shared_limit: int | None) -> int:
+    """A new slot's limit: its queue's, for a built one; else the shared log's."""
+    if queue is not None:
+        return queue.append_limit()
+    assert shared_limit is not None  # a queue is built exactly when the log cannot say
+    return shared_limit

@@ -541,10 +541,10 @@ class Dispatcher:
             return 0
         slots, positions, sizes = slots[:taken], positions[:taken], sizes[:taken]
         queue_offsets, born, stored = queue_offsets[:taken], born[:taken], stored[:taken]
-        if slots.min() < 0:
-            for index in np.flatnonzero(slots < 0).tolist():
-                entry = work[head + index]
-                slots[index] = tail.slot_of(entry[2], entry[3])
+        if slots.min() < 0:  # queues new to the TailWriter: their slots in one call
+            missing = np.flatnonzero(slots < 0)
+            entries = [work[head + index] for index in missing.tolist()]
+            slots[missing] = tail.slots_of([(entry[2], entry[3]) for entry in entries])
         if flags & FEED_TAGGED:
             tag_hash_ = self._tag_hash
             tag_codes = np.fromiter(

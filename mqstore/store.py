@@ -120,8 +120,9 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._described = {}  # describe_topic's cache (CommitLogEngine)
         self._topic_guard = threading.Lock()  # serializes auto-creation (CommitLogEngine)
         self.inbox: Inbox | None = None  # writers only: appends other processes' spool files
-        # put's fast path: queues checked once (see _check_put); empty when not writable.
-        self._put_queues: set[tuple[str, int]] = set()
+        # put's fast path: per topic checked once, its partitions then (see _check_put);
+        # empty when not writable. One entry per topic, not per queue (issue 15).
+        self._put_topics: dict[str, int] = {}
         self._help_dispatch_past = 0  # put calls _help_dispatch_if_behind past this position
         self._append: Callable[..., PutResult]  # commitlog.append, bound once
         self._clock_ms: Callable[[], int] = _wall_clock_ms
@@ -245,6 +246,7 @@ class MessageStore(CommitLogEngine, StoreReader):
             read_only=read_only,
             recover_from=recover_from,
             queue_offset_loader=self._queue_max_offset,
+            topic_offsets_loader=self._topic_next_offsets,
             clock_ms=clock_ms,
             store_ts_floor_ms=store_ts_floor_ms,
         )
@@ -429,7 +431,7 @@ class MessageStore(CommitLogEngine, StoreReader):
         if self._closed:
             return
         self._closed = True
-        self._put_queues.clear()
+        self._put_topics.clear()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         if self.read_only:
@@ -462,7 +464,7 @@ class MessageStore(CommitLogEngine, StoreReader):
         ``abort`` left in place. Appended bytes stay in the page cache, as they do
         when a process dies; the lock is released as the kernel would release it."""
         self._closed = True
-        self._put_queues.clear()
+        self._put_topics.clear()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         dispatcher = self._dispatcher
@@ -554,7 +556,15 @@ class MessageStore(CommitLogEngine, StoreReader):
         return config.timestamp_type == "CreateTime"
 
     def _queue_max_offset(self, topic: str, queue_id: int) -> int:
-        return self.consume_queues.queue(topic, queue_id).max_offset
+        # No ConsumeQueue object for a queue that has none yet (issue 15).
+        return self.consume_queues.max_offset_of(topic, queue_id)
+
+    def _topic_next_offsets(self, topic: str) -> dict[int, int]:
+        # The CommitLog's seed for a topic's partitions without a ConsumeQueue object.
+        config = self.topics.get(topic)
+        if config is None:
+            return {}
+        return self.consume_queues.next_offsets_without_objects(topic, config.partitions)
 
     # ------------------------------------------------------------------ write
 
@@ -581,8 +591,12 @@ class MessageStore(CommitLogEngine, StoreReader):
             DiskFullError: no room, or writes rejected above the disk watermark.
             FlushTimeoutError: sync flush mode and the bytes were not durable in time.
         """
-        try:  # one set look-up for a queue already written through this store
-            ready = (topic, queue_id) in self._put_queues and not self._dispatcher.failure  # type: ignore[union-attr]
+        try:  # one dict look-up for a topic already written through this store
+            ready = (
+                type(queue_id) is int  # not bool, numpy ints...
+                and 0 <= queue_id < self._put_topics.get(topic, 0)
+                and not self._dispatcher.failure  # type: ignore[union-attr]
+            )
         except TypeError:  # an unhashable topic: the checks below say what is wrong
             ready = False
         if not ready:
@@ -596,18 +610,20 @@ class MessageStore(CommitLogEngine, StoreReader):
         return result
 
     def _check_put(self, topic: str, queue_id: int) -> None:
-        """put's checks, for a queue not in ``_put_queues``: the store is writable and
-        the queue is a partition of its topic (created or grown if allowed); then the
-        queue joins ``_put_queues``. Partitions never shrink and topics are never
-        deleted, so a queue stays valid once checked; closing empties the set.
+        """put's checks, for a queue not below its topic's count in ``_put_topics``: the
+        store is writable and the queue is a partition of its topic (created or grown
+        if allowed); then ``_put_topics`` holds the topic's partition count. Partitions
+        never shrink and topics are never deleted, so every queue below that count
+        stays valid once one is checked; closing empties the table.
 
         Raises:
             The errors of ``_check_writable`` and ``_check_queue_for_write``.
         """
         self._check_writable()
         self._check_queue_for_write(topic, queue_id)
-        if type(queue_id) is int and not self._closed:  # not bool, numpy ints...
-            self._put_queues.add((topic, queue_id))
+        config = self.topics.get(topic)
+        if type(queue_id) is int and not self._closed and config is not None:
+            self._put_topics[topic] = config.partitions
 
     def _help_dispatch_if_behind(self, position: int) -> None:
         """Backpressure (``_help_dispatch``) when the record at ``position`` is more

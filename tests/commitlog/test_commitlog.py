@@ -242,6 +242,41 @@ def test_queue_offset_loader_is_asked_for_unseen_queues(tmp_path, small_config):
         log.close()
 
 
+def test_topic_offsets_loader_seeds_the_table_once_per_topic(tmp_path, small_config):
+    """Issue 15: the first unseen queue of a topic seeds the table with the topic's
+    offsets (one call), so the other queues' first appends take the common path; the
+    table's own counts (records scanned at open, appends) win over the seed, and
+    queues the seed leaves out are loaded one by one."""
+    asked: list[object] = []
+
+    def loader(topic, queue_id):
+        asked.append((topic, queue_id))
+        return 70
+
+    def seeder(topic):
+        asked.append(topic)
+        return {0: 5, 1: 6, 2: 7} if topic == "t" else {}
+
+    directory = str(tmp_path / "cl")
+    log = CommitLog.open(directory, small_config)
+    log.append("t", 1, b"before")  # scanned at the next open: queue 1 is at 1
+    log.close()
+    log = CommitLog.open(
+        directory, small_config, recover_from=0, queue_offset_loader=loader,
+        topic_offsets_loader=seeder,
+    )  # fmt: skip
+    try:
+        assert log.append("t", 0, b"x").queue_offset == 5
+        assert log.append("t", 2, b"x", keys="k").queue_offset == 7  # the general path
+        assert log.append("t", 1, b"x").queue_offset == 1  # scanned: not the seed's 6
+        assert log.append("t", 9, b"x").queue_offset == 70  # left out: loaded alone
+        assert log.append("u", 0, b"x").queue_offset == 70  # an empty seed: loaded alone
+        assert asked == ["t", ("t", 9), "u", ("u", 0)]
+        assert log.append("t", 0, b"x").queue_offset == 6
+    finally:
+        log.close()
+
+
 def test_config_bounds():
     from mqstore.commitlog.errors import ConfigError
 

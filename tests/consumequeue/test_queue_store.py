@@ -25,6 +25,7 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.consumequeue import QUEUE_ID_MAX, ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue import file_cache as file_cache_module
+from mqstore.consumequeue.queue_store import SEED_QUEUES_MAX
 from tests import strategies
 
 StoreFactory = Callable[..., ConsumeQueueStore]
@@ -344,3 +345,67 @@ def test_concurrent_writer_and_readers(open_store: StoreFactory) -> None:
     for thread in readers:
         thread.join(timeout=30)
     assert not errors
+
+
+# ------------------------------------------------------------------ no object per queue
+
+
+def _put_units(store: ConsumeQueueStore, queue_id: int, count: int, clog: list[int]) -> None:
+    queue = store.queue("t", queue_id)
+    for offset in range(count):
+        clog[0] += 100
+        queue.put(offset, clog[0], 10, 0, 1_000)
+
+
+@pytest.mark.parametrize("shared_units_max", [0, 4])
+def test_next_offsets_without_objects_agree_with_the_queues(
+    open_store: StoreFactory, shared_units_max: int
+) -> None:
+    """max_offset_of, next_offsets_without_objects and shared_append_limits answer
+    for queues without an object from the shared log alone (issue 15: no object per
+    queue on the put and dispatch paths), and say what the queues' objects say: for a
+    queue never written, one in the shared log, one graduated to own files, one
+    emptied by truncation."""
+    writer = open_store(shared_units_max=4)  # the units: some shared, one graduated
+    clog = [0]
+    for queue_id, count in ((1, 3), (2, 6), (3, 2)):
+        _put_units(writer, queue_id, count, clog)
+    writer.queue("t", 3).truncate(0)  # an empty run that ends at 0
+    writer.close()
+    store = open_store(shared_units_max=shared_units_max)
+    ids = [0, 1, 2, 3, 4]
+    offsets = store.next_offsets_without_objects("t", 5)
+    limits = store.shared_append_limits("t", ids)
+    single = {queue_id: store.max_offset_of("t", queue_id) for queue_id in (0, 1, 3)}
+    assert not store._queues  # none of that built an object
+    assert offsets == {0: 0, 1: 3, 3: 0, 4: 0}  # queue 2 has own files: asked alone
+    if shared_units_max:
+        assert limits == [4, 4, None, 4, 4]
+    else:
+        assert limits == [None] * 5
+    for queue_id in ids:
+        queue = store.queue("t", queue_id)
+        assert store.max_offset_of("t", queue_id) == queue.max_offset
+        assert offsets.get(queue_id, queue.max_offset) == queue.max_offset
+        assert single.get(queue_id, queue.max_offset) == queue.max_offset
+        if limits[queue_id] is not None:
+            assert limits[queue_id] == queue.append_limit()
+    assert store.next_offsets_without_objects("t", 5) == {}  # all have objects now
+
+
+def test_next_offsets_without_objects_refuse_and_skip(open_store: StoreFactory) -> None:
+    store = open_store(shared_units_max=4)
+    with pytest.raises(InvalidArgumentError):
+        store.next_offsets_without_objects("a/b", 2)
+    with pytest.raises(InvalidTypeError):
+        store.max_offset_of("t", True)  # type: ignore[arg-type]
+    assert store.shared_append_limits("a/b", [0]) == [None]  # queue() says what is wrong
+    assert store.shared_append_limits("t", [-1, 0]) == [None, 4]
+    assert store.next_offsets_without_objects("t", 0) == {}
+    assert len(store.next_offsets_without_objects("t", 2**31)) == SEED_QUEUES_MAX  # bounded
+    put_one(store, "t", 0, 100)
+    store.close()
+    reader = open_store(read_only=True, shared_units_max=4)
+    assert reader.next_offsets_without_objects("t", 2) == {}  # a reader follows the writer
+    assert reader.shared_append_limits("t", [0]) == [None]
+    assert reader.max_offset_of("t", 0) == 1

@@ -325,3 +325,64 @@ def test_recover_tail_keeps_the_claimed_prefix(
     assert again.end_record == total
     assert sum(len(run) for run in again.runs.values()) == total
     again.close()
+
+
+def _appendable_reference(log: SharedUnitLog, ids: list[int], offsets: list[int],
+                          clogs: list[int]) -> int:  # fmt: skip
+    """append's rule, one unit at a time (the loop the vectorized check replaced)."""
+    nexts: dict[int, int] = {}
+    last = log.last_commitlog_offset
+    for index, (queue_id, offset, clog) in enumerate(zip(ids, offsets, clogs, strict=True)):
+        if clog <= last:
+            return index
+        run = log.runs.get(queue_id)
+        expected = nexts.get(queue_id)
+        if expected is None:
+            expected = offset if run is None or not run.positions else run.end
+        if offset != expected:
+            return index
+        nexts[queue_id], last = offset + 1, clog
+    return len(ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    calls=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(1, 3)),
+            min_size=1,
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_append_takes_the_prefix_the_unit_rule_allows(calls) -> None:
+    """Issue 15: ``append``'s vectorized check takes exactly the prefix a unit-by-unit
+    check takes: in commitlog order, each unit the next of its queue (after the unit
+    before it in the call, else after its run), whatever the mix of queues."""
+    with tempfile.TemporaryDirectory() as root:
+        log = SharedUnitLog.open(os.path.join(root, ".shared"), RECORDS_PER_FILE, read_only=False)
+        clog = 100
+        try:
+            for call in calls:
+                ids, offsets, clogs = [], [], []
+                nexts: dict[int, int] = {}
+                for queue_id, offset_step, clog_step in call:
+                    run = log.runs.get(queue_id)
+                    base = nexts.get(queue_id, run.end if run is not None else 0)
+                    ids.append(queue_id)
+                    offsets.append(max(base + offset_step - 1, 0))  # a re-put, the next, gaps
+                    nexts[queue_id] = offsets[-1] + 1
+                    clog += clog_step - 1  # 0: not above the previous one
+                    clogs.append(clog)
+                expected = _appendable_reference(log, ids, offsets, clogs)
+                got = log.append(
+                    np.array(ids, dtype=np.int32), np.array(offsets, dtype=np.int64),
+                    np.array(clogs, dtype=np.int64), np.full(len(ids), 9, dtype=np.int32),
+                    np.zeros(len(ids), dtype=np.int64), np.full(len(ids), 5, dtype=np.int64),
+                )  # fmt: skip
+                assert got == expected
+                clog = max(clog, log.last_commitlog_offset)
+        finally:
+            log.close()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.tail_writer import TailWriter
@@ -183,4 +183,61 @@ def test_a_conflicting_unit_is_refused_by_put(tmp_path) -> None:
         assert store.queue(TOPIC, 0).max_offset == 3
     finally:
         tail.detach_all()
+        store.close()
+
+
+def test_shared_queues_get_no_object_until_one_graduates(tmp_path) -> None:
+    """Issue 15: slots of new queues, and their units in the shared log, build no
+    ConsumeQueue object; a queue that graduates to own files gets one; every unit reads
+    back either way, from a reopened store too."""
+    config = ConsumeQueueConfig(units_per_file=8, max_open_files=64, shared_units_max=3)
+    root = str(tmp_path)
+    store = ConsumeQueueStore.open(root, config)
+    tail = TailWriter(store)
+    keys = [(TOPIC, q) for q in (5, 1, 5, 2, 1, 5)]
+    slots = tail.slots_of(keys)
+    assert slots == [tail.slot_of(*key) for key in keys]
+    assert len(set(slots)) == 3 and slots[0] == slots[2] == slots[5]
+    held: dict[int, list[int]] = {}
+    clog = 1000
+    for round_ in range(2):  # queue 5: 3 units shared, then 3 own; 1: 3 + 1; 2: 2 shared
+        queue_ids = [q for _, q in keys]
+        offsets = []
+        for q in queue_ids:
+            offsets.append(len(held.setdefault(q, [])))
+            clog += 50
+            held[q].append(clog)
+        tail.write(
+            np.array(slots, dtype=np.int32), np.array(offsets, dtype=np.int64),
+            np.array([held[q][o] for q, o in zip(queue_ids, offsets, strict=True)]),
+            np.full(6, 40, dtype=np.int32), np.zeros(6, dtype=np.int64),
+            np.full(6, 7, dtype=np.int64),
+        )  # fmt: skip
+        if round_ == 0:
+            assert not store._queues  # all shared: no object
+    assert set(store._queues) == {(TOPIC, 5), (TOPIC, 1)}  # graduated at their 4th unit
+    assert store.queue(TOPIC, 5).append_limit() == store.queue(TOPIC, 1).append_limit() == -1
+    tail.detach_all()
+    store.close()
+    for reopened in (False, True):
+        store = ConsumeQueueStore.open(root, config)
+        for q, clogs in held.items():
+            assert store.max_offset_of(TOPIC, q) == len(clogs)
+            got = []
+            while len(got) < len(clogs):
+                got += store.queue(TOPIC, q).get_range(len(got), 10)["commitlog_offset"].tolist()
+            assert got == clogs, (reopened, q)
+        store.close()
+
+
+def test_slots_of_refuses_a_bad_queue(tmp_path) -> None:
+    store = ConsumeQueueStore.open(str(tmp_path), ConsumeQueueConfig(shared_units_max=3))
+    tail = TailWriter(store)
+    try:
+        with pytest.raises(InvalidArgumentError):
+            tail.slots_of([(TOPIC, 0), ("a/b", 1)])
+        with pytest.raises(InvalidArgumentError):
+            tail.slots_of([(TOPIC, -1)])
+        assert tail.slots_of([(TOPIC, 0)]) == [0]
+    finally:
         store.close()

@@ -135,3 +135,37 @@ def test_changing_the_threshold_keeps_every_unit(tmp_path, units_max):
             store.put("t", 0, b"%d" % i)
         assert _bodies(store, "t", 0) == [b"%d" % i for i in range(30)]
         assert store.consume_queues.queue("t", 0)._first_offset == 10
+
+
+def test_many_queues_put_and_dispatch_without_a_queue_object(tmp_path):
+    """Issue 15: putting to a created topic's queues builds no ConsumeQueue object
+    (the CommitLog's offsets come from one seed per topic, the dispatcher's slots from
+    the shared log) until a queue graduates; offsets continue across a reopen, for
+    shared and graduated queues alike."""
+    path = tmp_path / "s"
+    counts = dict.fromkeys(range(50), 0)
+    with MessageStore.open(path, CONFIG) as store:
+        store.create_topic("t", 50)
+        for round_ in range(3):
+            for queue_id in range(50):
+                assert (
+                    store.put("t", queue_id, b"%d-%d" % (queue_id, round_)).queue_offset
+                    == (counts[queue_id])
+                )
+                counts[queue_id] += 1
+        for _ in range(SHARED_UNITS):  # queue 7 graduates
+            store.put("t", 7, b"7-more")
+            counts[7] += 1
+        dispatcher = store._dispatcher
+        assert dispatcher is not None
+        dispatcher.dispatch_available()
+        assert set(store.consume_queues._queues) == {("t", 7)}
+        assert store.consume_queues._queues[("t", 7)].append_limit() == -1
+        assert _bodies(store, "t", 3) == [b"3-0", b"3-1", b"3-2"]
+    with MessageStore.open(path, CONFIG) as store:
+        for queue_id in (7, 3, 49, 0):
+            assert store.put("t", queue_id, b"again").queue_offset == counts[queue_id]
+            counts[queue_id] += 1
+        for queue_id, count in counts.items():
+            assert store.max_offset("t", queue_id) == count
+        assert _bodies(store, "t", 3) == [b"3-0", b"3-1", b"3-2", b"again"]

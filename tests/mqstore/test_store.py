@@ -599,13 +599,13 @@ def test_put_checks_a_queue_once_and_still_refuses_what_it_must(tmp_path, open_s
     store = open_store(StoreConfig(**SMALL, auto_create_topics=False))
     store.create_topic("orders", 2)
     store.put("orders", 1, b"checked")
-    assert ("orders", 1) in store._put_queues
+    assert store._put_topics == {"orders": 2}  # every partition of the topic, at once
     with pytest.raises(InvalidTypeError, match="queue_id must be an int, not bool"):
         store.put("orders", True, b"x")  # hashes as 1: the CommitLog still checks it
     for _ in range(2):  # refused every time, never remembered
         with pytest.raises(UnknownTopicError):
             store.put("orders", 2, b"x")
-    assert ("orders", 2) not in store._put_queues
+    assert store._put_topics == {"orders": 2}
     with pytest.raises(InvalidTypeError):
         store.put(["not", "hashable"], 0, b"x")  # type: ignore[arg-type]
     dispatcher = store._dispatcher
