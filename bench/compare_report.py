@@ -339,6 +339,13 @@ def _value(row: dict[str, Any], key: str) -> str:
     return f"{value:,.0f} {unit}" if value >= 100 else f"{value:,.3g} {unit}"
 
 
+def _status(row: dict[str, Any]) -> str:
+    """MET or MISSED; "-" for a figure a benchmark reports beside its targets."""
+    if row["target"] in ("(none)", "", None):
+        return "-"
+    return "MET" if row["met"] else "MISSED"
+
+
 def _speed_targets(results_dir: str) -> list[str]:
     """The performance targets every other benchmark recorded (bench/targets.py)."""
     rows = targets.collect(results_dir)
@@ -355,11 +362,11 @@ def _speed_targets(results_dir: str) -> list[str]:
         lines.append(
             f"| {r['row']} | {_value(r, 'value')} | {r.get('peer') or '-'} | "
             f"{_value(r, 'peer_value')} | {ratio} | {r['target']} | "
-            f"{'MET' if r['met'] else 'MISSED'} | `{r['command']}` {r['started'][:10]} |"
+            f"{_status(r)} | `{r['command']}` {r['started'][:10]} |"
         )
     lines.append("")
     for r in rows:
-        if r["met"]:
+        if r["met"] or _status(r) == "-":
             continue
         if r.get("profile"):
             head = f"Why missed: *{r['row']}*: where the time goes (from {r['source']}):"

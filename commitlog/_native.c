@@ -864,6 +864,10 @@ static PyMethodDef methods[] = {
      "The rows of a batch as objects of a Row class, out of the cyclic GC (_columns.c)."},
     {"tuples", (PyCFunction)(void (*)(void))mqstore_tuples, METH_FASTCALL,
      "Rows of a tuple subclass (a NamedTuple) from lists, column by column (_columns.c)."},
+    {"time_search", (PyCFunction)(void (*)(void))mqstore_time_search, METH_FASTCALL,
+     "Where the first running maximum >= T lies: head unit, block, or -1 (_time.c)."},
+    {"first_reaching", (PyCFunction)(void (*)(void))mqstore_first_reaching, METH_FASTCALL,
+     "The first index in [start, end) of an int64 array whose item >= T, or -1 (_time.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -257,5 +257,8 @@ PyObject *mqstore_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 PyObject *mqstore_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int mqstore_add_row_type(PyObject *module); /* the type Row, for rows() */
+/* consumequeue/_time.c: the ConsumeQueue time look-up. */
+PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif /* MQSTORE_NATIVE_H */

@@ -44,14 +44,8 @@ from mqstore.commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from mqstore.consumequeue import queue_recovery, queue_shared
-from mqstore.consumequeue.format import (
-    TIMESTAMP,
-    TIMESTAMP_SIZE_BYTES,
-    UNIT,
-    UNIT_SIZE_BYTES,
-    block_max_position_bytes,
-)
+from mqstore.consumequeue import queue_recovery, queue_shared, queue_time
+from mqstore.consumequeue.format import TIMESTAMP, UNIT, UNIT_SIZE_BYTES
 from mqstore.consumequeue.mapped_file import block_maxima
 from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
 from mqstore.consumequeue.queue_recovery import UnitVerifier
@@ -378,10 +372,10 @@ class ConsumeQueue:
         """The first queue offset (in offset order, >= min_offset) whose timestamp is
         >= ``timestamp_ms``; None if there is none.
 
-        Timestamps may be out of order (CreateTime). The block of min_offset is scanned
-        from min_offset; past it, the running-maximum time index is binary searched and
-        one block (at most time_index_interval_units timestamps) is scanned. The
-        CommitLog is never read.
+        Timestamps may be out of order (CreateTime). One search over the in-memory
+        running maxima (the units of the head, then the blocks), then at most one block
+        (time_index_interval_units timestamps) is scanned: see
+        mqstore.consumequeue.queue_time. The CommitLog is never read.
 
         Raises:
             CorruptDataError: a block maximum promises a timestamp its block lacks.
@@ -391,26 +385,22 @@ class ConsumeQueue:
             self._enter()
             if self._ctx.read_only:
                 queue_shared.refresh_max(self)
-            found = queue_shared.first_at_time(self, timestamp_ms)
-            if found is not None:
-                return found
-            low, high = self._min_offset, self._max_offset
-            if low >= high:
-                return None
-            geometry = self._ctx.geometry
-            head_block = geometry.block_of(low)
-            head_end = min(geometry.block_bounds(head_block)[1], high)
-            found = self._scan_times(low, head_end, timestamp_ms)
-            if found is not None or head_end == high:
-                return found
-            block = self._time_index_from(head_block + 1).first_block_reaching(timestamp_ms)
-            if block is None:
-                return None
-            block_start, block_end = geometry.block_bounds(block)
-            found = self._scan_times(block_start, min(block_end, high), timestamp_ms)
-            if found is None and block_end < high:
-                self._raise_bad_block_max(block)
-            return found  # None: the last block's maximum counts a unit not visible yet
+            return queue_time.offset_for_time(self, timestamp_ms)
+
+    def time_probe(self, timestamp_ms: int) -> queue_time.TimeProbe:
+        """``offset_for_time``, with what a caller spot-checks the answer against (the
+        units and stored timestamps of the answer and of the unit before it, or of the
+        last two units when there is no answer), in one locked call.
+
+        Raises:
+            CorruptDataError: as ``offset_for_time``; or a probed unit is unwritten.
+        """
+        timestamp_ms = check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
+        with self._ctx.lock:
+            self._enter()
+            if self._ctx.read_only:
+                queue_shared.refresh_max(self)
+            return queue_time.probe(self, queue_time.offset_for_time(self, timestamp_ms))
 
     # ------------------------------------------------ store-wide maintenance
 
@@ -778,38 +768,6 @@ class ConsumeQueue:
                 above, high = value, middle
         return low
 
-    def _scan_times(self, start: int, end: int, timestamp_ms: int) -> int | None:
-        """The first offset in ``[start, end)`` (one file) with timestamp >= T, or None."""
-        if start >= end:
-            return None
-        file_index, unit_in_file = divmod(start, self._upf)
-        assert (end - 1) // self._upf == file_index
-        times = self._files.times(file_index).times[unit_in_file : unit_in_file + end - start]
-        reached = times >= timestamp_ms
-        position = int(np.argmax(reached))
-        return start + position if reached[position] else None
-
-    def _time_index_from(self, block_start: int) -> TimeIndex:
-        """The time index from ``block_start``, extended to cover max_offset."""
-        index = self._time_index
-        if index is None or index.block_start != block_start:
-            index = self._time_index = TimeIndex(block_start)
-        if index.covered_max_offset == self._max_offset and index.end_block > block_start:
-            return index
-        geometry = self._ctx.geometry
-        last_block = geometry.block_of(self._max_offset - 1)
-        # The last covered block may have grown since: re-read it and everything after.
-        redo_from = max(block_start, min(index.end_block - 1, last_block))
-        maxima = []
-        block = redo_from
-        while block <= last_block:
-            file_index, block_in_file = divmod(block, geometry.blocks_per_file)
-            stop = min(geometry.blocks_per_file, block_in_file + last_block - block + 1)
-            maxima.append(self._files.times(file_index).block_max[block_in_file:stop])
-            block += stop - block_in_file
-        index.replace_from(redo_from, np.concatenate(maxima), self._max_offset)
-        return index
-
     # ----------------------------------------------------------------- errors
 
     def _check_range(self, start: int, end: int) -> None:
@@ -837,16 +795,6 @@ class ConsumeQueue:
             self._files.unit_path(file_index),
             unit_in_file * UNIT_SIZE_BYTES,
             f"queue offset {offset} is below max offset {self._max_offset} but not written",
-        )
-
-    def _raise_bad_block_max(self, block: int) -> None:
-        file_index, block_in_file = divmod(block, self._ctx.geometry.blocks_per_file)
-        times = self._files.times(file_index)
-        raise CorruptDataError(
-            times.path,
-            block_max_position_bytes(self._upf) + block_in_file * TIMESTAMP_SIZE_BYTES,
-            f"block {block_in_file} maximum {int(times.block_max[block_in_file])} is not "
-            "reached by any timestamp of its block",
         )
 
 

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "append_limit",
-    "first_at_time",
     "low_offset",
     "put_shared",
+    "read_records",
     "read_timestamps",
     "read_units",
     "refresh_max",
@@ -233,6 +233,16 @@ def read_timestamps(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
         return queue._shared.timestamps(queue.queue_id, start, count)
 
 
+def read_records(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
+    """The SHARED_RECORD records of the same units (a copy); raises as ``read_units``."""
+    assert queue._shared is not None
+    try:
+        return queue._shared.records(queue.queue_id, start, count)
+    except CorruptDataError:
+        _reload_after_change(queue, start, count)
+        return queue._shared.records(queue.queue_id, start, count)
+
+
 def _reload_after_change(queue: ConsumeQueue, start: int, count: int) -> None:
     """Read-only: the writer changed the log under us (truncation, retention, a
     record half written when we took it in): reload, then re-check the range.
@@ -248,18 +258,6 @@ def _reload_after_change(queue: ConsumeQueue, start: int, count: int) -> None:
             f"{queue}: [{start}, {start + count}) was removed by the writer; the queue now "
             f"holds [{low_offset(queue)}, {queue._max_offset})"
         ) from None
-
-
-def first_at_time(queue: ConsumeQueue, timestamp_ms: int) -> int | None:
-    """The first offset of the run's readable units whose timestamp >= T (a scan of
-    at most the run's length, bounded by shared_units_max when it was written)."""
-    run = shared_run(queue)
-    if run is None or run.min_offset >= run.end:
-        return None
-    times = read_timestamps(queue, run.min_offset, run.end - run.min_offset)
-    reached = times >= timestamp_ms
-    position = int(np.argmax(reached))
-    return run.min_offset + position if len(reached) and reached[position] else None
 
 
 # --------------------------------------------------------------------- read-only

@@ -426,6 +426,11 @@ class SharedUnitLog:
         """The timestamps of the same units (a copy)."""
         return self._gather(queue_id, start, count)["timestamp_ms"].astype(TIMESTAMP)
 
+    def records(self, queue_id: int, start: int, count: int) -> np.ndarray:
+        """The records (SHARED_RECORD: unit, queue id and offset, timestamp) of the same
+        units (a copy): units and timestamps in one read."""
+        return self._gather(queue_id, start, count)
+
     def _gather(self, queue_id: int, start: int, count: int) -> np.ndarray:
         run = self.runs[queue_id]
         assert run.first_offset <= start and start + count <= run.end

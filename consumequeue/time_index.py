@@ -12,6 +12,13 @@ maximum reaches T in O(log n). That block holds the first unit (in offset order,
 < T. This is Kafka's .timeindex idea (max timestamp so far), kept per block rather than
 per segment, and it holds for out-of-order CreateTime timestamps.
 
+Head: the units of a queue's run in the shared unit log (before its own files) are
+kept unit by unit, as the running maximum of their timestamps: its first item >= T is
+the first such unit >= T. So a look-up is one search over the head and the blocks
+(``time_search``), then, when a block holds the answer, one scan of that block
+(``first_reaching``); both are C when the module is built, with the pure-Python twins
+below (the same answers; the tests compare them).
+
 The index is derived data, rebuilt from the persisted block maxima (n / N reads, not n)
 when the queue's minimum offset moves, and extended lazily from the last covered block
 when the queue has grown. It is never persisted, so it cannot be stale after a crash.
@@ -19,11 +26,23 @@ when the queue has grown. It is never persisted, so it cannot be stale after a c
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable, Hashable
+from typing import Any
+
 import numpy as np
 
+from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue.format import blocks_per_file
 
-__all__ = ["BlockGeometry", "TimeIndex"]
+__all__ = [
+    "BlockGeometry",
+    "TimeIndex",
+    "first_reaching",
+    "first_reaching_py",
+    "time_search",
+    "time_search_py",
+]
 
 INITIAL_CAPACITY_ENTRIES = 64  # grows by doubling; one entry per N units of the queue
 
@@ -54,21 +73,56 @@ class BlockGeometry:
 
 
 class TimeIndex:
-    """Running maxima of blocks ``block_start ..``, reflecting units below ``covered_max``.
+    """Running maxima of blocks ``block_start ..``, reflecting units below ``covered_max``,
+    and of the head's units ``head_start ..`` (see the module docstring).
 
     Attributes:
         block_start: global block of entry 0.
         covered_max_offset: the queue's max_offset when the index was last extended.
+        head_start: queue offset of the head's first unit.
+        head_max: running maximum of the head units' timestamps (int64).
+        head_key: what the head was built from (the owner compares it to reuse it).
+        low_offset: the queue's min_offset when the index was made.
     """
 
-    __slots__ = ("_count", "_running_max", "block_start", "covered_max_offset")
+    __slots__ = (
+        "_count",
+        "_running_max",
+        "block_start",
+        "covered_max_offset",
+        "head_key",
+        "head_max",
+        "head_start",
+        "low_offset",
+    )
 
-    def __init__(self, block_start: int) -> None:
-        assert block_start >= 0
+    def __init__(self, block_start: int, low_offset: int = 0) -> None:
+        assert block_start >= 0 and low_offset >= 0
         self.block_start = block_start
+        self.low_offset = low_offset
         self.covered_max_offset = 0
         self._running_max = np.zeros(INITIAL_CAPACITY_ENTRIES, dtype=np.int64)
         self._count = 0
+        self.head_start = 0
+        self.head_max = np.zeros(0, dtype=np.int64)
+        self.head_key: Hashable = None
+
+    @property
+    def count(self) -> int:
+        """Entries (blocks) in the index."""
+        return self._count
+
+    @property
+    def running_max(self) -> np.ndarray:
+        """The entries' buffer (its first ``count`` items are the entries)."""
+        return self._running_max
+
+    def set_head(self, head_start: int, timestamps_ms: np.ndarray, key: Hashable) -> None:
+        """Make the units ``head_start ..`` with ``timestamps_ms`` the head."""
+        assert head_start >= 0 and timestamps_ms.ndim == 1
+        self.head_start = head_start
+        self.head_max = np.maximum.accumulate(timestamps_ms.astype(np.int64, copy=False))
+        self.head_key = key
 
     @property
     def end_block(self) -> int:
@@ -101,3 +155,45 @@ class TimeIndex:
             return None
         assert entries[position] >= timestamp_ms
         return self.block_start + position
+
+
+def time_search_py(
+    head_max: Any, head_count: int, block_max: Any, block_count: int, timestamp_ms: int
+) -> int:
+    """Where the first item >= ``timestamp_ms`` of two running maxima lies: ``i`` for
+    item i of ``head_max[:head_count]``, else ``head_count + b`` for item b of
+    ``block_max[:block_count]``, else -1. Each is searched as ``bisect_left`` does.
+
+    Raises:
+        ValueError: a count outside ``[0, len(array)]``.
+    """
+    if not 0 <= head_count <= len(head_max):
+        raise ValueError("head_max count out of range")
+    if head_count and head_max[head_count - 1] >= timestamp_ms:
+        return bisect.bisect_left(head_max, timestamp_ms, 0, head_count)
+    if not 0 <= block_count <= len(block_max):
+        raise ValueError("block_max count out of range")
+    block = bisect.bisect_left(block_max, timestamp_ms, 0, block_count)
+    return -1 if block == block_count else head_count + block
+
+
+def first_reaching_py(times: Any, start: int, end: int, timestamp_ms: int) -> int:
+    """The first index in ``[start, end)`` of ``times`` whose item >= ``timestamp_ms``,
+    or -1.
+
+    Raises:
+        ValueError: not ``0 <= start <= end <= len(times)``.
+    """
+    if not 0 <= start <= end <= len(times):
+        raise ValueError("first_reaching: need 0 <= start <= end <= len(times)")
+    reached = np.asarray(times[start:end]) >= timestamp_ms
+    position = int(np.argmax(reached)) if len(reached) else 0
+    return start + position if len(reached) and reached[position] else -1
+
+
+time_search: Callable[[Any, int, Any, int, int], int]
+first_reaching: Callable[[Any, int, int, int], int]
+if NATIVE is None:
+    time_search, first_reaching = time_search_py, first_reaching_py
+else:
+    time_search, first_reaching = NATIVE.time_search, NATIVE.first_reaching

@@ -67,7 +67,7 @@ from mqstore.commitlog.record import (
 from mqstore.commitlog_engine import KEY_PROPERTY
 from mqstore.message import Message
 
-__all__ = ["MessageBatch", "read_run"]
+__all__ = ["MessageBatch", "read_run", "read_run_timestamps"]
 
 KEY_NAME: Final = KEY_PROPERTY.encode("utf-8")
 #: The bytes a Kafka key's property takes besides the key: u16 name length, the
@@ -336,16 +336,10 @@ def read_run(
     count = len(physicals)
     physicals = _frozen(np.array(physicals, dtype=np.int64))  # a copy: units are live views
     sizes = _frozen(np.array(sizes, dtype=np.int64))
-    out = np.empty((OUT_ROWS, count + 1), dtype=np.int64)
-    bad, reason, bodies, keys, extras = read_columns(
-        buffer, file_start, physicals, sizes, validate_topic(topic), queue_id,
-        first_queue_offset, KEY_NAME, verify_checksums, out,
+    out, bodies, keys, extras = _read_checked(
+        buffer, path, file_start, physicals, sizes, topic, queue_id, first_queue_offset,
+        verify_checksums,
     )  # fmt: skip
-    if bad >= 0:
-        where = f"{topic}/{queue_id}@{first_queue_offset + bad}"
-        message = _REASONS[reason].format(where=where)
-        raise CorruptDataError(path, int(physicals[bad]) - file_start, message)
-    assert bodies is not None and keys is not None and extras is not None
     _frozen(out)
     queue_offsets = np.arange(first_queue_offset, first_queue_offset + count, dtype=np.int64)
     return MessageBatch(
@@ -355,3 +349,55 @@ def read_run(
         _frozen(out[OUT_HAS_KEY, :count] != 0), extras, out[OUT_EXTRA_OFFSETS],
         out[OUT_TAG_LEN, :count], out[OUT_KEYS_LEN, :count],
     )  # fmt: skip
+
+
+def read_run_timestamps(
+    buffer: Any,
+    path: str,
+    file_start: int,
+    physicals: Any,
+    sizes: Any,
+    topic: str,
+    queue_id: int,
+    first_queue_offset: int,
+    *,
+    create_time: bool,
+) -> list[int]:
+    """The born (``create_time``) or store timestamps of the records ``read_run``
+    reads, verified as it verifies them (checksums included), without the batch.
+
+    ``physicals`` and ``sizes`` are int64 arrays (numpy or ``array("q")``) the caller
+    owns (not live views).
+
+    Raises:
+        As ``read_run``.
+    """
+    out = _read_checked(
+        buffer, path, file_start, physicals, sizes, topic, queue_id, first_queue_offset, True
+    )[0]
+    return out[OUT_BORN_TS if create_time else OUT_STORE_TS, : len(physicals)].tolist()
+
+
+def _read_checked(
+    buffer: Any,
+    path: str,
+    file_start: int,
+    physicals: Any,
+    sizes: Any,
+    topic: str,
+    queue_id: int,
+    first_queue_offset: int,
+    verify_checksums: bool,
+) -> tuple[np.ndarray, bytes, bytes, bytes]:
+    """``read_columns`` into a new ``out``; its first failure as CorruptDataError."""
+    out = np.empty((OUT_ROWS, len(physicals) + 1), dtype=np.int64)
+    bad, reason, bodies, keys, extras = read_columns(
+        buffer, file_start, physicals, sizes, validate_topic(topic), queue_id,
+        first_queue_offset, KEY_NAME, verify_checksums, out,
+    )  # fmt: skip
+    if bad >= 0:
+        where = f"{topic}/{queue_id}@{first_queue_offset + bad}"
+        message = _REASONS[reason].format(where=where)
+        raise CorruptDataError(path, int(physicals[bad]) - file_start, message)
+    assert bodies is not None and keys is not None and extras is not None
+    return out, bodies, keys, extras

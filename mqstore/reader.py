@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import numpy as np
 
-from mqstore.batch import MessageBatch, read_run
+from mqstore.batch import MessageBatch, read_run, read_run_timestamps
 from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -169,6 +169,45 @@ class StoreReader:
             start = stop
         assert start == len(physicals)
         return runs
+
+    def _record_timestamps(
+        self,
+        queue: Any,
+        topic: str,
+        queue_id: int,
+        start: int,
+        physicals: Any,
+        sizes: Any,
+        *,
+        create_time: bool,
+    ) -> list[int]:
+        """The born (``create_time``) or store timestamps of the records that units
+        ``physicals``/``sizes`` (queue offsets from ``start``; int64 arrays the caller
+        owns) point at, each verified as ``get`` verifies it; no batch is built.
+
+        Raises:
+            As ``get``.
+        """
+        stamps: list[int] = []
+        count = len(physicals)
+        at = 0
+        while at < count:
+            mapped = self._file_of_unit(queue, topic, queue_id, start + at, int(physicals[at]))
+            file_end = mapped.start_offset + mapped.size_bytes
+            stop = at + 1
+            while stop < count and physicals[stop] < file_end:  # units are in log order
+                stop += 1
+            try:
+                stamps += read_run_timestamps(
+                    mapped.mapping, mapped.path, mapped.start_offset, physicals[at:stop],
+                    sizes[at:stop], topic, queue_id, start + at, create_time=create_time,
+                )  # fmt: skip
+            except ValueError:
+                if not mapped.mapping.closed:
+                    raise
+                self._raise_file_gone(topic, queue_id, start + at, mapped)
+            at = stop
+        return stamps
 
     def _raise_file_gone(
         self, topic: str, queue_id: int, queue_offset: int, mapped: MappedFile

@@ -65,6 +65,7 @@ from mqstore.commitlog.record import validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
+from mqstore.consumequeue.queue_time import TimeProbe
 from mqstore.dispatch.dispatcher import Dispatcher
 from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.indexfile import IndexConfig, IndexService
@@ -808,13 +809,12 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._check_open()
         _check_offset(timestamp_ms, "timestamp_ms")
         queue = self._queue(topic, queue_id)
-        offset = queue.offset_for_time(timestamp_ms)
-        offset = None if offset is None else int(offset)
-        self._check_time_answer(queue, topic, queue_id, timestamp_ms, offset)
-        return offset
+        probe = queue.time_probe(timestamp_ms)
+        self._check_time_answer(queue, topic, queue_id, timestamp_ms, probe)
+        return probe.offset
 
     def _check_time_answer(
-        self, queue: Any, topic: str, queue_id: int, timestamp_ms: int, offset: int | None
+        self, queue: Any, topic: str, queue_id: int, timestamp_ms: int, probe: TimeProbe
     ) -> None:
         """Spot-check a time look-up against the CommitLog records it rests on.
 
@@ -823,25 +823,24 @@ class MessageStore(CommitLogEngine, StoreReader):
         verified records carry, else the answer could be wrong and CorruptDataError is
         raised instead. Two record reads; the search itself never reads the log.
         """
-        low, high = queue.min_offset, queue.max_offset
-        if low >= high:
+        stamps = probe.timestamps_ms
+        if not stamps:
             return
-        probe = high - 1 if offset is None else offset
-        start = max(low, probe - 1)
-        messages = self.get(topic, queue_id, start, probe - start + 1)
-        stamps = queue.timestamps(start, len(messages))
-        create_time = self._uses_create_time(topic)
-        for message, stamp in zip(messages, stamps.tolist(), strict=True):
-            actual = message.born_timestamp_ms if create_time else message.store_timestamp_ms
-            if actual != stamp:
+        actual = self._record_timestamps(
+            queue, topic, queue_id, probe.start, probe.commitlog_offsets, probe.sizes,
+            create_time=self._uses_create_time(topic),
+        )  # fmt: skip
+        for index, (stamp, record_stamp) in enumerate(zip(stamps, actual, strict=True)):
+            if record_stamp != stamp:
                 raise CorruptDataError(
                     queue.directory,
-                    message.queue_offset * 8,
-                    f"time companion of {topic}/{queue_id}@{message.queue_offset} says "
-                    f"{stamp} ms, the record says {actual} ms",
+                    (probe.start + index) * 8,
+                    f"time companion of {topic}/{queue_id}@{probe.start + index} says "
+                    f"{stamp} ms, the record says {record_stamp} ms",
                 )
-        if offset is None and messages and stamps[-1] >= timestamp_ms:
-            raise CorruptDataError(queue.directory, probe * 8, "time index missed a match")
+        if probe.offset is None and stamps[-1] >= timestamp_ms:
+            last = probe.start + len(stamps) - 1
+            raise CorruptDataError(queue.directory, last * 8, "time index missed a match")
 
     def query_by_key(
         self,

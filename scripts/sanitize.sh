@@ -48,8 +48,9 @@ esac
 # The tests that call C: the native functions themselves, the Appender against its twin,
 # the columnar read (read_columns, slices, rows, tuples) alone and through
 # MessageStore.get_batch, the CommitLog (encoders, recovery's scan_records,
-# Appender.append), the tail writer and the dispatcher (write_units, feed_columns), and
-# the crafted-ConsumeQueue-unit test through MessageStore.get.
+# Appender.append), the tail writer and the dispatcher (write_units, feed_columns), the
+# crafted-ConsumeQueue-unit test through MessageStore.get, and the time look-up
+# (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -60,6 +61,8 @@ TESTS=(
     tests/commitlog/test_recovery.py
     tests/consumequeue/test_tail_writer.py
     tests/dispatch/test_dispatcher.py
+    tests/consumequeue/test_time_index.py
+    tests/consumequeue/test_queue_time.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from mqstore.commitlog import columns, record
 from mqstore.commitlog.native import NATIVE
+from mqstore.consumequeue import time_index
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
 
@@ -777,6 +778,60 @@ def test_fuzz_feed_columns(data: st.DataObject) -> None:
     if c_out[0] == "ok":
         count = c_out[1][0]
         assert [c[:count].tolist() for c in c_columns] == [c[:count].tolist() for c in py_columns]
+
+
+# ------------------------------------------------------------- the time look-up
+
+
+def _search_array(draw: st.DrawFn) -> np.ndarray:
+    """Sorted (as running maxima are) or not, empty or not, or of another item size."""
+    values = draw(st.lists(mostly(st.integers(-5, 40), i64), max_size=12))
+    if draw(st.booleans()):
+        values.sort()
+    dtype = draw(st.sampled_from([np.int64, np.int64, np.int64, np.int32, np.uint8]))
+    return np.array(values, dtype=dtype) if dtype is np.int64 else np.zeros(len(values), dtype)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_time_search(data: st.DataObject) -> None:
+    """Counts negative, past the array or past int64; arrays of the wrong item size,
+    unsorted, sliced with a stride; hostile targets. C and the twin agree."""
+    assert NATIVE is not None
+    head, blocks = _search_array(data.draw), _search_array(data.draw)
+    if data.draw(st.integers(0, 9)) == 0:
+        blocks = np.zeros(2 * len(blocks) + 2, dtype=np.int64)[::2]  # not contiguous
+    head_count = data.draw(mostly(st.integers(0, len(head)), hostile_int))
+    block_count = data.draw(mostly(st.integers(0, len(blocks)), hostile_int))
+    target = data.draw(mostly(st.integers(-6, 41), hostile_int))
+    c_out = _c("time_search", head, head_count, blocks, block_count, target)
+    typed = head.dtype == np.int64 and blocks.dtype == np.int64 and blocks.flags.c_contiguous
+    if typed and INT64_MIN <= target <= INT64_MAX:
+        _agree(c_out, _call(time_index.time_search_py, head, head_count, blocks, block_count,
+                            target, errors=PY_ERRORS))  # fmt: skip
+    if c_out[0] == "ok":
+        assert -1 <= c_out[1] < len(head) + len(blocks)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_first_reaching(data: st.DataObject) -> None:
+    """A window [start, end) inverted, negative, past the array or past int64; arrays
+    of the wrong item size or read-only. C and the twin agree."""
+    assert NATIVE is not None
+    times = _search_array(data.draw)
+    if data.draw(st.booleans()):
+        times.flags.writeable = False  # a read-only mapping's view
+    start = data.draw(mostly(st.integers(0, len(times)), hostile_int))
+    end = data.draw(mostly(st.integers(0, len(times)), hostile_int))
+    target = data.draw(mostly(st.integers(-6, 41), hostile_int))
+    c_out = _c("first_reaching", times, start, end, target)
+    in_range = all(INT64_MIN <= value <= INT64_MAX for value in (start, end, target))
+    if times.dtype == np.int64 and in_range:
+        py_out = _call(time_index.first_reaching_py, times, start, end, target, errors=PY_ERRORS)
+        _agree(c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_out[1] == -1 or start <= c_out[1] < end
 
 
 # --------------------------------------------------------------------- the tally

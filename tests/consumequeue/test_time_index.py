@@ -1,12 +1,21 @@
-"""Block geometry and the running-maximum time index."""
+"""Block geometry, the running-maximum time index, and its search (C and twin)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.consumequeue.time_index import BlockGeometry, TimeIndex
+from mqstore.commitlog.native import NATIVE
+from mqstore.consumequeue.time_index import (
+    BlockGeometry,
+    TimeIndex,
+    first_reaching_py,
+    time_search_py,
+)
 
 
 def test_block_geometry_with_a_short_last_block() -> None:
@@ -43,3 +52,68 @@ def test_first_block_reaching_matches_brute_force(
     for target in targets:
         expected = next((5 + i for i, value in enumerate(maxima) if value >= target), None)
         assert index.first_block_reaching(target) == expected
+
+
+IMPLEMENTATIONS = [
+    pytest.param((time_search_py, first_reaching_py), id="python"),
+    pytest.param(
+        (getattr(NATIVE, "time_search", None), getattr(NATIVE, "first_reaching", None)),
+        id="c",
+        marks=pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built"),
+    ),
+]
+
+
+@pytest.mark.parametrize("functions", IMPLEMENTATIONS)
+@given(
+    head=st.lists(st.integers(0, 30), max_size=20),
+    blocks=st.lists(st.integers(0, 30), max_size=20),
+    spare=st.integers(0, 3),
+    target=st.integers(-1, 31),
+)
+def test_time_search_finds_the_first_running_maximum_reaching_t(
+    functions: tuple[Any, Any], head: list[int], blocks: list[int], spare: int, target: int
+) -> None:
+    """Head units first, then blocks; counts below the arrays' lengths are honoured."""
+    time_search = functions[0]
+    head_max = np.maximum.accumulate(np.array(head + [99] * spare, dtype=np.int64))
+    block_max = np.maximum.accumulate(np.array(blocks + [99] * spare, dtype=np.int64))
+    items = list(head_max[: len(head)]) + list(block_max[: len(blocks)])
+    reaching = [index for index, value in enumerate(items) if value >= target]
+    expected = reaching[0] if reaching else -1
+    assert time_search(head_max, len(head), block_max, len(blocks), target) == expected
+
+
+@pytest.mark.parametrize("functions", IMPLEMENTATIONS)
+@given(
+    times=st.lists(st.integers(0, 30), max_size=20),
+    bounds=st.tuples(st.integers(0, 20), st.integers(0, 20)),
+    target=st.integers(-1, 31),
+)
+def test_first_reaching_scans_its_window(
+    functions: tuple[Any, Any], times: list[int], bounds: tuple[int, int], target: int
+) -> None:
+    first_reaching = functions[1]
+    start, end = min(bounds), min(max(bounds), len(times))
+    start = min(start, end)
+    array = np.array(times, dtype=np.int64)
+    array.flags.writeable = False  # as a read-only mapping's view
+    expected = next((i for i in range(start, end) if times[i] >= target), -1)
+    assert first_reaching(array, start, end, target) == expected
+
+
+@pytest.mark.parametrize("functions", IMPLEMENTATIONS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f: f[0](np.zeros(2, np.int64), 3, np.zeros(2, np.int64), 0, 0),  # head count
+        lambda f: f[0](np.zeros(2, np.int64), -1, np.zeros(2, np.int64), 0, 0),
+        lambda f: f[0](np.zeros(2, np.int64), 0, np.zeros(2, np.int64), 3, 0),  # block count
+        lambda f: f[1](np.zeros(2, np.int64), 1, 0, 0),  # start > end
+        lambda f: f[1](np.zeros(2, np.int64), 0, 3, 0),  # end past the array
+        lambda f: f[1](np.zeros(2, np.int64), -1, 1, 0),
+    ],
+)
+def test_bad_arguments_are_value_errors(functions: tuple[Any, Any], call: Any) -> None:
+    with pytest.raises(ValueError):
+        call(functions)

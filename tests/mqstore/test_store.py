@@ -27,6 +27,7 @@ from mqstore import (
 from mqstore.commitlog import lock
 from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.consumequeue import file_cache
+from mqstore.consumequeue.format import TIME_HEADER_SIZE_BYTES
 from tests.mqstore.conftest import SMALL
 
 
@@ -119,6 +120,36 @@ def test_offset_for_time_boundaries(open_store):
     assert store.offset_for_time("t", 0, 150) == 1  # offset order, not time order
     assert store.offset_for_time("t", 0, 301) == 6
     assert store.offset_for_time("t", 0, 401) is None  # after the last
+
+
+@pytest.mark.parametrize("shared_units", [0, 64])
+def test_offset_for_time_spot_checks_the_answer_against_its_record(
+    tmp_path, small_config, shared_units
+):
+    """A stored timestamp that its record contradicts, at the answer (or the unit before
+    it): CorruptDataError, never the answer it led to. With the queue's first units in
+    the shared unit log or in its own files; answers elsewhere are unaffected."""
+    config = attrs.evolve(small_config, consumequeue_shared_units_max=shared_units)
+    path = tmp_path / "store"
+    with MessageStore.open(path, config) as store:
+        for i in range(100):  # the first 64 shared, or all in own files
+            store.put("t", 0, b"%d" % i, born_timestamp_ms=1_000 + 10 * i)
+        assert store.offset_for_time("t", 0, 1_395) == 40
+        assert store.offset_for_time("t", 0, 1_000 + 10 * 99 + 1) is None
+    # unit 80 (own files in both cases, file 1 of 64-unit files) now says 1_795, not 1_800
+    time_file = path / "consumequeue" / "t" / "0" / f"{64 * 20:020d}.time"
+    data = bytearray(time_file.read_bytes())
+    position = TIME_HEADER_SIZE_BYTES + 8 * (80 - 64)
+    assert int.from_bytes(data[position : position + 8], "little") == 1_800
+    data[position : position + 8] = (1_795).to_bytes(8, "little")
+    time_file.write_bytes(bytes(data))
+    with MessageStore.open(path, config) as store:
+        with pytest.raises(CorruptDataError, match="says 1795 ms, the record says 1800 ms"):
+            store.offset_for_time("t", 0, 1_795)  # the search lands on unit 80
+        with pytest.raises(CorruptDataError):
+            store.offset_for_time("t", 0, 1_805)  # 81: its previous unit is 80
+        assert store.offset_for_time("t", 0, 1_395) == 40
+        assert store.offset_for_time("t", 0, 0) == 0
 
 
 def test_log_append_time_topic_uses_store_time(open_store):

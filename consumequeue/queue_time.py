@@ -1,0 +1,177 @@
+"""The time look-up of one ConsumeQueue: the first offset whose timestamp is >= T.
+
+The queue's TimeIndex (mqstore.consumequeue.time_index) holds, in memory, the running
+maximum of the head's unit timestamps (the readable units of the queue's run in the
+shared unit log, at most shared_units_max: 8 bytes each, as the run's record indexes
+take) and of the maxima of its own blocks, from the block that holds min_offset (whose
+entry counts only its units from min_offset on). A look-up is one search over both
+(``time_search``: a head unit, a block, or none) and, for a block, one scan of its
+timestamps in the time file (``first_reaching``): two C calls when the module is
+built. The CommitLog is never read (the store spot-checks the answer against it).
+
+Reuse: the head is re-read when the run's readable range or the shared generation
+moves; the blocks are rebuilt when min_offset moves, and extended from their last
+block as the queue grows; every change of the units themselves drops the whole index
+(``ConsumeQueue._time_index = None``). A read-only queue re-reads its head on every
+look-up, as the scan it replaces did (its writer may rewrite its run).
+
+These functions read the queue's private state; ConsumeQueue calls them under the store
+lock (kept apart so that consume_queue.py stays one concern).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.consumequeue import queue_shared
+from mqstore.consumequeue.format import TIMESTAMP_SIZE_BYTES, block_max_position_bytes
+from mqstore.consumequeue.time_index import TimeIndex, first_reaching, time_search
+
+if TYPE_CHECKING:
+    from mqstore.consumequeue.consume_queue import ConsumeQueue
+
+__all__ = ["TimeProbe", "offset_for_time", "probe"]
+
+PROBE_UNITS_MAX = 2  # the answer and the unit before it: where a wrong answer shows
+_NO_STAMPS = np.empty(0, dtype=np.int64)
+
+
+class TimeProbe(NamedTuple):
+    """A time look-up's answer and the units it rests on (``probe``)."""
+
+    offset: int | None  # the answer: the first offset whose timestamp >= T, or None
+    start: int  # queue offset of the first probed unit
+    commitlog_offsets: array[int]  # int64, of the probed units (0 to PROBE_UNITS_MAX)
+    sizes: array[int]  # int64, their record sizes
+    timestamps_ms: list[int]  # their timestamps as the queue stores them
+
+
+def offset_for_time(queue: ConsumeQueue, timestamp_ms: int) -> int | None:
+    """The first readable offset (in offset order) whose timestamp >= ``timestamp_ms``.
+
+    Raises:
+        CorruptDataError: a block maximum promises a timestamp its block lacks.
+    """
+    index = _index(queue)
+    if index is None:
+        return None
+    low, high = queue._min_offset, queue._max_offset
+    head_count = len(index.head_max)
+    block_count = index.count if low < high else 0
+    found = time_search(index.head_max, head_count, index.running_max, block_count, timestamp_ms)
+    if found < 0:
+        return None
+    if found < head_count:
+        return index.head_start + found
+    block = index.block_start + found - head_count
+    block_start, block_end = queue._ctx.geometry.block_bounds(block)
+    scan_start = max(block_start, low)  # the first block holds units below low
+    file_index, unit_in_file = divmod(scan_start, queue._upf)
+    end_in_file = unit_in_file + min(block_end, high) - scan_start
+    times = queue._files.times(file_index).times
+    position = first_reaching(times, unit_in_file, end_in_file, timestamp_ms)
+    if position >= 0:
+        return file_index * queue._upf + position
+    if block_end < high:
+        _raise_bad_block_max(queue, block)
+    return None  # the last block's maximum counts a unit not visible yet
+
+
+def _index(queue: ConsumeQueue) -> TimeIndex | None:
+    """The queue's time index with its head (the shared run's readable units) and its
+    blocks (from the block of min_offset) brought up to date; None when the queue has
+    no readable unit."""
+    run = queue_shared.shared_run(queue)
+    shared_start = shared_end = 0
+    if run is not None and run.min_offset < run.end:
+        shared_start, shared_end = run.min_offset, run.end
+    low, high = queue._min_offset, queue._max_offset
+    if shared_start == shared_end and low >= high:
+        return None
+    head_block = queue._ctx.geometry.block_of(low)
+    index = queue._time_index
+    if index is None or index.block_start != head_block or index.low_offset != low:
+        index = queue._time_index = TimeIndex(head_block, low)
+    key = (shared_start, shared_end, queue._ctx.shared_generation)
+    if index.head_key != key or queue._ctx.read_only:
+        stamps = _NO_STAMPS
+        if shared_start < shared_end:
+            stamps = queue_shared.read_timestamps(queue, shared_start, shared_end - shared_start)
+        index.set_head(shared_start, stamps, key)
+    if low < high and (index.covered_max_offset != high or index.end_block <= head_block):
+        _extend_blocks(queue, index)
+    return index
+
+
+def _extend_blocks(queue: ConsumeQueue, index: TimeIndex) -> None:
+    """Extend the block index to cover max_offset (re-reading its last block, which
+    may have grown since). The first block's entry is the maximum of its units from
+    min_offset on: its stored maximum also counts the units below."""
+    geometry = queue._ctx.geometry
+    low, high = queue._min_offset, queue._max_offset
+    last_block = geometry.block_of(high - 1)
+    redo_from = max(index.block_start, min(index.end_block - 1, last_block))
+    maxima = []
+    block = redo_from
+    while block <= last_block:
+        file_index, block_in_file = divmod(block, geometry.blocks_per_file)
+        stop = min(geometry.blocks_per_file, block_in_file + last_block - block + 1)
+        maxima.append(queue._files.times(file_index).block_max[block_in_file:stop])
+        block += stop - block_in_file
+    values = np.concatenate(maxima)
+    if redo_from == index.block_start:
+        head_end = min(geometry.block_bounds(index.block_start)[1], high)
+        file_index, unit_in_file = divmod(low, queue._upf)
+        times = queue._files.times(file_index).times
+        values[0] = times[unit_in_file : unit_in_file + head_end - low].max()
+    index.replace_from(redo_from, values, high)
+
+
+def _raise_bad_block_max(queue: ConsumeQueue, block: int) -> None:
+    file_index, block_in_file = divmod(block, queue._ctx.geometry.blocks_per_file)
+    times = queue._files.times(file_index)
+    raise CorruptDataError(
+        times.path,
+        block_max_position_bytes(queue._upf) + block_in_file * TIMESTAMP_SIZE_BYTES,
+        f"block {block_in_file} maximum {int(times.block_max[block_in_file])} is not "
+        "reached by any timestamp of its block",
+    )
+
+
+def probe(queue: ConsumeQueue, offset: int | None) -> TimeProbe:
+    """The answer ``offset`` with the units of ``[offset - 1, offset]`` (of the last two
+    units when ``offset`` is None), clipped to the readable units; none when there are
+    none. Copies: they stay valid whatever happens to the files.
+
+    Raises:
+        CorruptDataError: a probed unit below max_offset is unwritten.
+    """
+    low, high = queue_shared.low_offset(queue), queue._max_offset
+    if low >= high:
+        return TimeProbe(offset, high, array("q"), array("q"), [])
+    last = high - 1 if offset is None else offset
+    start = max(low, last - PROBE_UNITS_MAX + 1)
+    upf = queue._upf
+    file_index, unit_in_file = divmod(start, upf)
+    if last < queue._first_offset:  # in the shared run: one read
+        records = queue_shared.read_records(queue, start, last - start + 1)
+        rows = records[["commitlog_offset", "size"]].tolist()
+        stamps = records["timestamp_ms"].tolist()
+    elif start < queue._first_offset or last // upf != file_index:  # across a boundary
+        units = np.concatenate([queue.get_range(at, 1) for at in range(start, last + 1)])
+        rows = units[["commitlog_offset", "size"]].tolist()
+        stamps = queue.timestamps(start, last - start + 1).tolist()
+    else:  # the common case, kept to a few Python-level reads (ints, not arrays)
+        end_in_file = unit_in_file + last - start + 1
+        rows = queue._files.units(file_index).units[unit_in_file:end_in_file].tolist()
+        for index, row in enumerate(rows):
+            if row[1] <= 0:  # size: unwritten
+                queue._raise_unwritten(file_index, unit_in_file + index, start + index)
+        stamps = queue._files.times(file_index).times[unit_in_file:end_in_file].tolist()
+    # rows are (commitlog_offset, size[, tag_hash]); int64 arrays (array: no numpy call)
+    physicals, sizes = array("q", [row[0] for row in rows]), array("q", [row[1] for row in rows])
+    return TimeProbe(offset, start, physicals, sizes, stamps)
