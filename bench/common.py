@@ -81,7 +81,9 @@ def load_sample() -> dict[str, Any]:
 
 
 def write_results(path: str, results: dict[str, Any]) -> None:
-    """Write a benchmark's results as indented JSON (making its directory) and say where."""
+    """Write a benchmark's results as indented JSON (making its directory) and say where;
+    results without a ``started`` stamp get the time of writing (the report shows it)."""
+    results.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=2)

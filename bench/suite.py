@@ -24,6 +24,8 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
     ("read", ["--messages", "1000000", "--rounds", "5"], ["--rounds", "7"]),
     ("put", ["--rounds", "5"], ["--rounds", "7"]),
     ("queues", ["--rounds", "3"], ["--rounds", "5"]),
+    ("offset_time", ["--rounds", "5"], ["--rounds", "7"]),
+    ("broker", ["--rounds", "3"], ["--rounds", "5"]),
 )
 
 
