@@ -12,7 +12,12 @@ setup(
     ext_modules=[
         Extension(
             "mqstore.commitlog._native",
-            ["commitlog/_native.c", "commitlog/_columns.c", "consumequeue/_time.c"],
+            [
+                "commitlog/_native.c",
+                "commitlog/_columns.c",
+                "commitlog/_dispatch.c",
+                "consumequeue/_time.c",
+            ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,

@@ -868,6 +868,8 @@ static PyMethodDef methods[] = {
      "Where the first running maximum >= T lies: head unit, block, or -1 (_time.c)."},
     {"first_reaching", (PyCFunction)(void (*)(void))mqstore_first_reaching, METH_FASTCALL,
      "The first index in [start, end) of an int64 array whose item >= T, or -1 (_time.c)."},
+    {"dispatch_columns", (PyCFunction)(void (*)(void))mqstore_dispatch_columns, METH_FASTCALL,
+     "The dispatcher's columns of a run of records in one file (_dispatch.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -942,6 +944,21 @@ static const struct {
     {"OUT_KEY_OFFSETS", OUT_KEY_OFFSETS},
     {"OUT_EXTRA_OFFSETS", OUT_EXTRA_OFFSETS},
     {"OUT_ROWS", OUT_ROWS},
+    {"DISPATCH_FULL", DISPATCH_FULL},
+    {"DISPATCH_STOP", DISPATCH_STOP},
+    {"DISPATCH_BLANK", DISPATCH_BLANK},
+    {"DISPATCH_INVALID", DISPATCH_INVALID},
+    {"DISPATCH_PHYSICAL", DISPATCH_PHYSICAL},
+    {"DISPATCH_SIZE", DISPATCH_SIZE},
+    {"DISPATCH_QUEUE_OFFSET", DISPATCH_QUEUE_OFFSET},
+    {"DISPATCH_QUEUE_ID", DISPATCH_QUEUE_ID},
+    {"DISPATCH_BORN_TS", DISPATCH_BORN_TS},
+    {"DISPATCH_STORE_TS", DISPATCH_STORE_TS},
+    {"DISPATCH_TOPIC_HASH", DISPATCH_TOPIC_HASH},
+    {"DISPATCH_TOPIC_LEN", DISPATCH_TOPIC_LEN},
+    {"DISPATCH_TAG_LEN", DISPATCH_TAG_LEN},
+    {"DISPATCH_KEYS_LEN", DISPATCH_KEYS_LEN},
+    {"DISPATCH_ROWS", DISPATCH_ROWS},
 };
 
 static int add_layout(PyObject *m) {

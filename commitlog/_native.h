@@ -261,4 +261,31 @@ int mqstore_add_row_type(PyObject *module); /* the type Row, for rows() */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* ------------------------------------------------------------------ _dispatch.c */
+
+/* Why dispatch_columns stopped (commitlog/header_scan.py: DISPATCH_*). */
+enum {
+    DISPATCH_FULL = 0,    /* out is full: call again from end */
+    DISPATCH_STOP = 1,    /* every record that starts before stop is taken */
+    DISPATCH_BLANK = 2,   /* a valid end-of-file blank record: end is the file's end */
+    DISPATCH_INVALID = 3, /* the record at end does not parse (or verify) */
+};
+
+/* The rows of dispatch_columns' out array: int64, DISPATCH_ROWS rows of one width. */
+enum {
+    DISPATCH_PHYSICAL,
+    DISPATCH_SIZE,
+    DISPATCH_QUEUE_OFFSET,
+    DISPATCH_QUEUE_ID,
+    DISPATCH_BORN_TS,
+    DISPATCH_STORE_TS,
+    DISPATCH_TOPIC_HASH, /* XXH64 (seed 0) of the topic bytes, as a signed int64 */
+    DISPATCH_TOPIC_LEN,
+    DISPATCH_TAG_LEN,
+    DISPATCH_KEYS_LEN,
+    DISPATCH_ROWS
+};
+
+PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif /* MQSTORE_NATIVE_H */

@@ -99,19 +99,26 @@ def _absorb(
     mapped: MappedFile, count: int, columns: _Columns, table: dict[tuple[str, int], int]
 ) -> int:
     """Fold a run of scanned records into the queue-offset table (one Python step per
-    queue, not per record); returns the run's newest store timestamp."""
+    queue, not per record); returns the run's newest store timestamp.
+
+    The rows of one put batch are adjacent, so the run is cut into stretches of one
+    (topic, queue) first, and only the stretches' maxima are sorted."""
     hashes = columns.topic_hashes[:count]
     ids, offsets = columns.queue_ids[:count], columns.queue_offsets[:count]
-    order = np.lexsort((offsets, ids, hashes))
+    starts = np.flatnonzero(np.append(True, (hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1])))
+    highest = np.maximum.reduceat(offsets, starts)  # each stretch's highest queue offset
+    hashes, ids = hashes[starts], ids[starts]
+    order = np.lexsort((highest, ids, hashes))
     hashes, ids = hashes[order], ids[order]
     last = np.flatnonzero(
         np.append((hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1]), True)
-    )  # the last row of each (topic, queue) group holds its highest offset
-    for row in order[last].tolist():
+    )  # the last stretch of each (topic, queue) group holds its highest offset
+    for stretch in order[last].tolist():
+        row = int(starts[stretch])
         at = int(columns.positions[row]) + HEADER_SIZE
         topic = str(mapped.mapping[at : at + int(columns.topic_lens[row])], "ascii")
         key = (topic, int(columns.queue_ids[row]))
-        offset = int(columns.queue_offsets[row])
+        offset = int(highest[stretch])
         if offset >= table.get(key, 0):
             table[key] = offset + 1
     return int(columns.stamps[:count].max())

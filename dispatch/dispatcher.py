@@ -10,7 +10,9 @@ the dispatched position and wakes every long-polling reader.
 
 Records are parsed header-only, without checksum verification, like RocketMQ's
 ReputMessageService: every record before the write position was written by this
-process or verified by recovery, and readers verify each record they return.
+process or verified by recovery, and readers verify each record they return. What the
+appends' feed does not describe (after a crash: everything from the checkpoint) is
+read from the log in columns, one C call per run of headers (dispatch/log_scan.py).
 
 Crash policy: the dispatched position is saved in the checkpoint only after the
 ConsumeQueues and the index are flushed. After a crash, dispatch restarts at the
@@ -32,7 +34,6 @@ Reopening the store (once the cause is fixed) starts a fresh dispatcher.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,26 +49,16 @@ from mqstore.commitlog.errors import (
     DispatchFailedError,
     StoreError,
 )
-from mqstore.commitlog.mapped_file import MappedFile
-from mqstore.commitlog.record import (
-    BLANK_MAGIC,
-    BLANK_SIZE,
-    HEADER,
-    HEADER_SIZE,
-    MESSAGE_MAGIC,
-    decode_keys,
-    tag_hash,
-)
+from mqstore.commitlog.record import decode_keys, tag_hash
 from mqstore.consumequeue.queue_store import ConsumeQueueStore
 from mqstore.consumequeue.tail_writer import TailWriter
+from mqstore.dispatch.log_scan import SMALL_GROUP_UNITS, LogScan
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 
 log = logging.getLogger(__name__)
 
-_SIZE_MAGIC: Final = struct.Struct("<II")  # the first two fields of every record
 ROUND_BYTES_MAX: Final = 8 << 20  # one round's parse; bounds reader latency per round
-SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue gets put() per unit, not put_batch
 # A failing round is retried after a pause that doubles from MIN to MAX: the first
 # retries are quick (a transient error costs readers little), later ones cheap.
 RETRY_BACKOFF_MS_MIN: Final = 50
@@ -161,16 +152,6 @@ class _Group:
                 np.concatenate(times))  # fmt: skip
 
 
-class _Parsed(NamedTuple):
-    """What one _parse call got through: records before ``position``, and the
-    corruption that stopped it there (None when it reached its end)."""
-
-    position: int
-    store_ts_ms: int
-    records: int
-    corruption: CorruptDataError | None
-
-
 class _ReadLog(NamedTuple):
     """Work item: records in [start, stop) that the feed does not describe."""
 
@@ -214,6 +195,9 @@ class Dispatcher:
         self._queues = queues
         # The fast path for one-unit-per-queue rounds (many queues); the real store only.
         self._tail = TailWriter(queues) if isinstance(queues, ConsumeQueueStore) else None
+        self._log_scan = LogScan(
+            commitlog, queues.queue, self._tail, uses_create_time, self._tag_hash
+        )
         self._index = index
         self._sync_mode = sync_mode
         self._uses_create_time = uses_create_time
@@ -228,7 +212,6 @@ class Dispatcher:
         self._stop = threading.Event()
         self._readers = threading.Condition()
         self._round_lock = threading.Lock()
-        self._topics: dict[bytes, str] = {}
         self._tag_hashes: dict[bytes, int] = {}
         self._thread: threading.Thread | None = None
         # Work not yet dispatched, in log order: feed entries and _ReadLog ranges.
@@ -475,8 +458,11 @@ class Dispatcher:
                     store_ts_ms = last[6]
                     continue
                 if kind is _ReadLog:
-                    parsed = self._parse(
-                        max(item.start, position), min(item.stop, end), item.stop, groups, keyed
+                    if groups:  # per-queue order: what came before is written first
+                        self._write_groups(groups)
+                        groups = {}
+                    parsed = self._log_scan.scan(
+                        max(item.start, position), min(item.stop, end), item.stop, keyed
                     )
                     position = parsed.position
                     count += parsed.records
@@ -636,88 +622,6 @@ class Dispatcher:
             if tail is not None:
                 tail.forget(topic, queue_id)  # its row no longer points at the tail
 
-    def _parse(
-        self,
-        start: int,
-        end: int,
-        hard_end: int,
-        groups: dict[tuple[str, int], _Group],
-        keyed: list[tuple[str, list[str], int, int]],
-    ) -> _Parsed:
-        """Parse the headers of records that start in [start, end) into per-queue groups.
-
-        ``end`` may cut a record (a round's byte budget): the record is parsed whole.
-        ``hard_end`` is a record boundary the log wrote up to; no record may pass it.
-        A record that breaks the format stops the parse at its start (see _unparsable).
-        """
-        commitlog = self._commitlog
-        unpack = HEADER.unpack_from
-        unpack_prefix = _SIZE_MAGIC.unpack_from
-        position = start
-        store_ts_ms = 0
-        count = 0
-        while position < end:
-            mapped = commitlog.file_for(position)
-            mapping = mapped.mapping
-            in_file = position - mapped.start_offset
-            stop = min(mapped.size_bytes, end - mapped.start_offset)
-            # A message ends by the hard end and leaves room for a blank record in its
-            # file (record.py), so every header and prefix read below stays in the file.
-            fit = min(mapped.size_bytes - BLANK_SIZE, hard_end - mapped.start_offset)
-            if in_file > mapped.size_bytes - BLANK_SIZE:
-                reason = f"a record cannot start {mapped.size_bytes - in_file} bytes before the end"
-                return _Parsed(position, store_ts_ms, count, self._corrupt(mapped, in_file, reason))
-            while in_file < stop:
-                size, magic = unpack_prefix(mapping, in_file)
-                if magic != MESSAGE_MAGIC or not HEADER_SIZE <= size <= fit - in_file:
-                    broken = _unparsable(mapped, in_file, size, magic, hard_end)
-                    if broken is not None:
-                        corruption = self._corrupt(mapped, in_file, broken)
-                        return _Parsed(
-                            mapped.start_offset + in_file, store_ts_ms, count, corruption
-                        )
-                    in_file = mapped.size_bytes  # a blank record: the file ends here
-                    break
-                fields = unpack(mapping, in_file)
-                queue_offset, physical, born_ts, store_ts_ms, queue_id = fields[3:8]
-                keys_len, topic_len, tag_len = fields[11:14]
-                cursor = in_file + HEADER_SIZE
-                topic_raw = mapping[cursor : cursor + topic_len]
-                topic = self._topics.get(topic_raw)
-                if topic is None:
-                    topic = self._topic_name(topic_raw)
-                cursor += topic_len
-                tag_code = 0
-                if tag_len:
-                    tag_code = self._tag_hash(mapping[cursor : cursor + tag_len])
-                cursor += tag_len
-                group = groups.get((topic, queue_id))
-                if group is None:
-                    group = self._group(groups, topic, queue_id, queue_offset)
-                group.offsets.append(physical)
-                group.sizes.append(size)
-                group.tags.append(tag_code)
-                group.times.append(born_ts if group.create_time else store_ts_ms)
-                if keys_len:
-                    keys = list(decode_keys(mapping[cursor : cursor + keys_len]))
-                    keyed.append((topic, keys, physical, store_ts_ms))
-                in_file += size
-                count += 1
-            advanced = mapped.start_offset + in_file
-            assert advanced > position, f"dispatch made no progress at {position}"
-            position = advanced
-        return _Parsed(position, store_ts_ms, count, None)
-
-    @staticmethod
-    def _corrupt(mapped: MappedFile, in_file: int, reason: str) -> CorruptDataError:
-        physical = mapped.start_offset + in_file
-        return CorruptDataError(mapped.path, in_file, f"record at physical {physical}: {reason}")
-
-    def _topic_name(self, raw: bytes) -> str:
-        name = raw.decode("ascii")
-        self._topics[raw] = name
-        return name
-
     def _tag_hash(self, raw: bytes) -> int:
         value = self._tag_hashes.get(raw)
         if value is None:
@@ -749,23 +653,3 @@ class Dispatcher:
                     return False
                 self._readers.wait(remaining)
         return True
-
-
-def _unparsable(
-    mapped: MappedFile, in_file: int, size: int, magic: int, hard_end: int
-) -> str | None:
-    """Why the record at ``in_file`` (not a well-sized message) breaks the format, or
-    None for a valid blank record: one that fills the rest of its file, which the log
-    wrote before moving to the next file (so the file ends by ``hard_end``)."""
-    file_end = mapped.start_offset + mapped.size_bytes
-    if magic == BLANK_MAGIC:
-        if in_file + size != mapped.size_bytes:
-            return f"blank record of {size} bytes does not end its file"
-        if file_end > hard_end:
-            return f"blank record past the written end {hard_end}"
-        return None
-    if magic != MESSAGE_MAGIC:
-        return f"bad magic 0x{magic:08x}"
-    if size < HEADER_SIZE:  # a zero size would never advance
-        return f"size {size} is below the {HEADER_SIZE}-byte header"
-    return f"size {size} runs past the file or the written end {hard_end}"

@@ -93,6 +93,9 @@ READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed
 # waiting before it returns, so a producer at full speed cannot outrun the
 # ConsumeQueues and readers never fall far behind (caller-runs backpressure).
 DISPATCH_BACKLOG_MAX_BYTES = 256 << 10  # about 1,500 100-byte messages
+# Log bytes one re-dispatch round at open takes: bounds the index entries a round
+# collects (a keyed 100-byte message each: ~2.5M entries), at ~4 rounds per GiB.
+REDISPATCH_ROUND_BYTES_MAX = 256 << 20
 
 
 class MessageStore(CommitLogEngine, StoreReader):
@@ -303,11 +306,12 @@ class MessageStore(CommitLogEngine, StoreReader):
         # readable through its ConsumeQueue and the index.
         commitlog.flush_to(end)
         redispatched = 0
-        while True:
-            count = self._dispatcher.dispatch_available()
-            if not count:
-                break
-            redispatched += count
+        dispatcher = self._dispatcher
+        while dispatcher.position < end:
+            before = dispatcher.position
+            redispatched += dispatcher.dispatch_available(REDISPATCH_ROUND_BYTES_MAX)
+            if dispatcher.position == before:
+                break  # nothing readable below the end: a guard, never a spin
         if redispatched:
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
         self._apply_topic_retention()  # log starts moved by topic retention are not on disk

@@ -49,8 +49,9 @@ esac
 # the columnar read (read_columns, slices, rows, tuples) alone and through
 # MessageStore.get_batch, the CommitLog (encoders, recovery's scan_records,
 # Appender.append), the tail writer and the dispatcher (write_units, feed_columns), the
-# crafted-ConsumeQueue-unit test through MessageStore.get, and the time look-up
-# (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time.
+# crafted-ConsumeQueue-unit test through MessageStore.get, the time look-up
+# (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time, and the
+# dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -63,6 +64,8 @@ TESTS=(
     tests/dispatch/test_dispatcher.py
     tests/consumequeue/test_time_index.py
     tests/consumequeue/test_queue_time.py
+    tests/commitlog/test_header_scan.py
+    tests/dispatch/test_log_scan.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

@@ -29,7 +29,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog import columns, record
+from mqstore.commitlog import columns, header_scan, record
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import time_index
 
@@ -369,6 +369,43 @@ def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
         if outputs[0][0][0] == "ok":
             count = outputs[0][0][1][1]
             assert [c[:count] for c in outputs[0][1]] == [c[:count] for c in outputs[1][1]]
+
+
+@FUZZ
+@given(crafted_records(), st.data())
+def test_fuzz_dispatch_columns(crafted: tuple, data: st.DataObject) -> None:
+    """The dispatcher's header scan: crafted headers, hostile start/stop/file_size/
+    hard_end/file_start, an ``out`` of the wrong shape or item size; with and without
+    verify. C and the twin agree on the result and on every column filled."""
+    assert NATIVE is not None
+    buffer, _, _ = crafted
+    file_size = data.draw(mostly(st.integers(0, len(buffer)), i64))
+    start = data.draw(mostly(st.just(0), i64))
+    stop = data.draw(mostly(st.integers(0, max(0, min(len(buffer), file_size))), i64))
+    hard_end = data.draw(mostly(st.sampled_from([file_size, len(buffer), 10**6]), i64))
+    file_start = data.draw(mostly(st.just(0), i64))
+    verify = data.draw(st.booleans())
+    capacity = data.draw(st.integers(1, 6))
+    shape = data.draw(mostly(st.just("good"), st.sampled_from(["ragged", "int32", "flat"])))
+    rows = header_scan.DISPATCH_ROWS
+    out = {
+        "good": np.zeros((rows, capacity), np.int64),
+        "ragged": np.zeros(rows * capacity + 1, np.int64),
+        "int32": np.zeros((rows, capacity), np.int32),
+        "flat": np.zeros(rows * capacity, np.int64),
+    }[shape]
+    args = (buffer, start, stop, file_size, hard_end, file_start, verify)
+    c_out, py_out = out.copy(), out.copy()
+    got = _c("dispatch_columns", *args, c_out)
+    if shape in ("good", "flat"):
+        want = _call(header_scan.dispatch_columns_py, *args, py_out, errors=PY_ERRORS)
+        _agree(got, want)
+        if got[0] == "ok":
+            count = got[1][1]
+            c_rows, py_rows = c_out.reshape(rows, -1), py_out.reshape(rows, -1)
+            assert c_rows[:, :count].tolist() == py_rows[:, :count].tolist()
+    else:
+        assert got[0] == "raised"
 
 
 @FUZZ

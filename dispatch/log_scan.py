@@ -1,0 +1,373 @@
+"""The dispatcher's read of the CommitLog: records the feed does not describe.
+
+After a crash the re-dispatch reads everything from the checkpoint's dispatched
+position; a running store reads from the log what its feed missed. Either way a run
+of records becomes ConsumeQueue units and index entries here, in bulk:
+
+1. ``dispatch_columns`` (commitlog/header_scan.py, C when built) parses up to
+   ``SCAN_ROWS`` headers of one file in one call into columns (physical offset, size,
+   queue offset, queue id, born and store timestamps, topic hash, tag and keys
+   lengths). No Python runs per record.
+2. The run is grouped per queue with numpy (the rows of one put batch arrive
+   together, so the grouping sorts stretches, not records). A queue with more than
+   SMALL_GROUP_UNITS units in the run gets them in one ``put_batch`` at once (a
+   re-dispatch over units already written compares them in bulk). The others are
+   collected over the scan (at most PENDING_ROWS_MAX units) and written together:
+   the units past each queue's end in one TailWriter call, in log order (a topic's
+   shared unit log takes them in one write), a queue's re-puts by ``put``.
+3. Tags and keys are the only per-record Python: a tag's hash (XXH3, cached per tag),
+   and the keys of a keyed record for the index.
+
+Topics are told apart by the XXH64 of their bytes (the name is read once per run and
+topic); two topics of one store colliding on 64 bits is taken as impossible.
+
+Records are parsed, not verified (no checksum), like the rest of the dispatcher: the
+recovery scan verified everything past the checkpoint before open re-dispatches it,
+and readers verify each record they return. Per-queue order holds because a queue's
+collected units are written with (before) its next ``put_batch``, everything is
+written before ``scan`` returns, and the caller writes what it collected before
+calling ``scan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, NamedTuple, Protocol
+
+import numpy as np
+
+from mqstore.commitlog.commitlog import CommitLog
+from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.header_scan import (
+    DISPATCH_BORN_TS,
+    DISPATCH_INVALID,
+    DISPATCH_KEYS_LEN,
+    DISPATCH_PHYSICAL,
+    DISPATCH_QUEUE_ID,
+    DISPATCH_QUEUE_OFFSET,
+    DISPATCH_SIZE,
+    DISPATCH_STORE_TS,
+    DISPATCH_TAG_LEN,
+    DISPATCH_TOPIC_HASH,
+    DISPATCH_TOPIC_LEN,
+    dispatch_columns,
+    new_columns,
+)
+from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.record import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    HEADER_SIZE,
+    MESSAGE_MAGIC,
+    PREFIX,
+    decode_keys,
+)
+from mqstore.consumequeue.tail_writer import TailWriter
+
+__all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS"]
+
+# Headers parsed per dispatch_columns call: the columns take 80 B a row (5 MiB), and
+# each queue's put_batch (about 0.1 ms of checks) is spread over as many units as
+# possible; 1 GiB of 100 B records is about 95 calls, of 1 KiB records 15.
+SCAN_ROWS: Final = 1 << 16
+SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue goes with the small ones
+# Small queues' units a scan collects before it writes them (40 B each: 20 MiB); a
+# 100 B message run holds ~6 units of each of 10,000 queues.
+PENDING_ROWS_MAX: Final = 1 << 19
+_QUEUE_ID_MASK: Final = 0xFFFF_FFFF  # a queue id in the low half of a grouping key
+
+
+class Parsed(NamedTuple):
+    """What one scan got through: records before ``position``, and the corruption that
+    stopped it there (None when it reached its end)."""
+
+    position: int
+    store_ts_ms: int
+    records: int
+    corruption: CorruptDataError | None
+
+
+class QueueLike(Protocol):
+    @property
+    def max_offset(self) -> int: ...
+
+    def put(
+        self, queue_offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
+    ) -> None: ...
+
+    def put_batch(
+        self,
+        first_queue_offset: int,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+        timestamps_ms: np.ndarray,
+    ) -> None: ...
+
+
+#: Where a run's units go: (topic, queue id) -> its ConsumeQueue, and a hook called
+#: after each queue's units are written (the dispatcher detaches its TailWriter row).
+QueueFinder = Callable[[str, int], QueueLike]
+Keyed = list[tuple[str, list[str], int, int]]
+#: One queue's units: queue offsets, physical offsets, sizes, tag hashes, timestamps.
+Units = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class _Pending:
+    """The units of queues with few units per run, collected over the runs of one scan
+    (at most PENDING_ROWS_MAX rows) and written together: many queues' units in one
+    TailWriter call, not a put each."""
+
+    __slots__ = ("queues", "rows")
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple[str, int], list[Units]] = {}
+        self.rows = 0
+
+    def add(self, name: tuple[str, int], units: Units) -> None:
+        chunks = self.queues.get(name)
+        if chunks is None:
+            self.queues[name] = [units]
+        else:
+            chunks.append(units)
+        self.rows += len(units[0])
+
+
+def _copy(units: Units) -> Units:
+    offsets, physical, sizes, codes, times = units
+    return offsets.copy(), physical.copy(), sizes.copy(), codes.copy(), times.copy()
+
+
+def _concatenate(chunks: list[Units]) -> Units:
+    offsets, physical, sizes, codes, times = zip(*chunks, strict=True)
+    return (np.concatenate(offsets), np.concatenate(physical), np.concatenate(sizes),
+            np.concatenate(codes), np.concatenate(times))  # fmt: skip
+
+
+class LogScan:
+    """Turns runs of CommitLog records into units and index entries (see the module).
+
+    Not thread safe: the dispatcher calls it under its round lock."""
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        queue: QueueFinder,
+        tail: TailWriter | None,
+        uses_create_time: Callable[[str], bool],
+        tag_hash: Callable[[bytes], int],
+    ) -> None:
+        """Args:
+        queue: (topic, queue id) -> its ConsumeQueue.
+        tail: the dispatcher's TailWriter (the real store), which takes the small
+            queues' units in one call; None: they take a ``put`` each.
+        """
+        self._commitlog = commitlog
+        self._queue = queue
+        self._tail = tail
+        self._uses_create_time = uses_create_time
+        self._tag_hash = tag_hash
+        self._columns: np.ndarray | None = None  # made on first use: most rounds use the feed
+        self._topics: dict[bytes, str] = {}
+
+    def scan(self, start: int, end: int, hard_end: int, keyed: Keyed) -> Parsed:
+        """Dispatch the records that start in [start, end) (see the module).
+
+        ``end`` may cut a record (a round's byte budget): the record is taken whole.
+        ``hard_end`` is a record boundary the log wrote up to; no record may pass it.
+        Index entries of keyed records are appended to ``keyed``, in log order.
+        A record that breaks the format stops the scan at its start, with the reason;
+        what precedes it is written.
+        """
+        if self._columns is None:
+            self._columns = new_columns(SCAN_ROWS)
+        columns = self._columns
+        pending = _Pending()
+        position, store_ts_ms, count = start, 0, 0
+        while position < end:
+            mapped = self._commitlog.file_for(position)
+            file_start = mapped.start_offset
+            in_file = position - file_start
+            at, taken, status = dispatch_columns(
+                mapped.mapping, in_file, min(mapped.size_bytes, end - file_start),
+                mapped.size_bytes, hard_end - file_start, file_start, False, columns,
+            )  # fmt: skip
+            if taken:
+                store_ts_ms = int(columns[DISPATCH_STORE_TS, taken - 1])
+                self._collect_run(mapped, columns[:, :taken], pending, keyed)
+                count += taken
+                if pending.rows >= PENDING_ROWS_MAX:
+                    self._write(pending)
+                    pending = _Pending()
+            if status == DISPATCH_INVALID:
+                self._write(pending)
+                reason = _why_unparsable(mapped, at, hard_end)
+                corruption = CorruptDataError(
+                    mapped.path, at, f"record at physical {file_start + at}: {reason}"
+                )
+                return Parsed(file_start + at, store_ts_ms, count, corruption)
+            assert file_start + at > position, f"dispatch made no progress at {position}"
+            position = file_start + at
+        self._write(pending)
+        return Parsed(position, store_ts_ms, count, None)
+
+    def _collect_run(self, mapped: MappedFile, rows: np.ndarray, pending: _Pending,
+                     keyed: Keyed) -> None:  # fmt: skip
+        """Write one run's units, queue by queue: a queue with more than
+        SMALL_GROUP_UNITS units in the run at once (after its pending ones), the others
+        into ``pending``; its index entries go to ``keyed``."""
+        hashes = rows[DISPATCH_TOPIC_HASH]
+        if (hashes == hashes[0]).all():  # one topic: the common case
+            topics = [self._topic_at(mapped, rows, 0)]
+            keys = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
+            topic_of_row = None
+        else:
+            _, first_rows, topic_of_row = np.unique(hashes, return_index=True, return_inverse=True)
+            topics = [self._topic_at(mapped, rows, int(row)) for row in first_rows.tolist()]
+            queue_ids = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
+            keys = (topic_of_row.astype(np.int64) << 32) | queue_ids
+        create_time = [self._uses_create_time(topic) for topic in topics]
+        tags = self._tag_codes(mapped, rows)
+        for key, picked in _groups(keys):
+            name = (topics[key >> 32], key & _QUEUE_ID_MASK)
+            times_row = DISPATCH_BORN_TS if create_time[key >> 32] else DISPATCH_STORE_TS
+            pick: slice | np.ndarray = slice(None) if picked is None else picked
+            units = (
+                rows[DISPATCH_QUEUE_OFFSET, pick], rows[DISPATCH_PHYSICAL, pick],
+                rows[DISPATCH_SIZE, pick],
+                np.zeros(len(rows[DISPATCH_SIZE, pick]), np.int64) if tags is None else tags[pick],
+                rows[times_row, pick],
+            )  # fmt: skip
+            if len(units[0]) > SMALL_GROUP_UNITS:  # now, after what the queue had pending
+                earlier = pending.queues.pop(name, None)
+                if earlier is not None:
+                    pending.rows -= sum(len(chunk[0]) for chunk in earlier)
+                    units = _concatenate([*earlier, units])
+                self._put_batch(name, units)
+            else:  # copies: the columns are reused by the next run
+                pending.add(name, _copy(units))
+        if rows[DISPATCH_KEYS_LEN].any():
+            mapping, file_start = mapped.mapping, mapped.start_offset
+            for row in np.flatnonzero(rows[DISPATCH_KEYS_LEN]).tolist():
+                physical = int(rows[DISPATCH_PHYSICAL, row])
+                store_ts = int(rows[DISPATCH_STORE_TS, row])
+                at = (physical - file_start + HEADER_SIZE + int(rows[DISPATCH_TOPIC_LEN, row])
+                      + int(rows[DISPATCH_TAG_LEN, row]))  # fmt: skip
+                keys_raw = mapping[at : at + int(rows[DISPATCH_KEYS_LEN, row])]
+                topic = topics[0 if topic_of_row is None else int(topic_of_row[row])]
+                keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
+
+    def _write(self, pending: _Pending) -> None:
+        """Write what ``pending`` holds: a queue with more than SMALL_GROUP_UNITS
+        units by ``put_batch``, in stretches of consecutive queue offsets (a gap is the
+        queue's to refuse); the small ones together (``_write_small``)."""
+        small: list[tuple[tuple[str, int], Units]] = []
+        for name, chunks in pending.queues.items():
+            units = chunks[0] if len(chunks) == 1 else _concatenate(chunks)
+            if len(units[0]) <= SMALL_GROUP_UNITS:
+                small.append((name, units))
+            else:
+                self._put_batch(name, units)
+        if small:
+            self._write_small(small)
+
+    def _put_batch(self, name: tuple[str, int], units: Units) -> None:
+        """One queue's units by ``put_batch``, in stretches of consecutive queue
+        offsets (a gap is the queue's to refuse)."""
+        offsets, physical, sizes, codes, times = units
+        queue = self._queue(*name)
+        breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(offsets)], strict=True):
+            queue.put_batch(
+                int(offsets[lo]), physical[lo:hi], sizes[lo:hi], codes[lo:hi], times[lo:hi]
+            )
+        if self._tail is not None:
+            self._tail.forget(*name)  # its row no longer points at the tail
+
+    def _write_small(self, small: list[tuple[tuple[str, int], Units]]) -> None:
+        """Queues with a few units each (many queues). Units past a queue's end (a
+        rebuild, units a power cut took) go in one TailWriter call, in log order: a
+        topic's shared unit log takes them in bulk, own files through C. A queue that
+        holds some already (the re-dispatch after a SIGKILL, whose page cache kept
+        them) is compared unit by unit through ``put``: the TailWriter would stop at
+        every such unit. Without a TailWriter every unit takes a ``put``."""
+        tail = self._tail
+        appends: list[tuple[tuple[str, int], Units]] = []
+        for name, units in small:
+            queue = self._queue(*name)
+            if tail is not None and int(units[0][0]) >= queue.max_offset:
+                appends.append((name, units))
+                continue
+            for unit in zip(*(column.tolist() for column in units), strict=True):
+                queue.put(*unit)
+        if not appends:
+            return
+        assert tail is not None
+        slots = np.concatenate(
+            [np.full(len(units[0]), tail.slot_of(*name), np.int32) for name, units in appends]
+        )
+        offsets, physical, sizes, codes, times = _concatenate([units for _, units in appends])
+        order = np.argsort(physical, kind="stable")  # log order: what the shared logs need
+        tail.write(slots[order], offsets[order], physical[order], sizes[order].astype(np.int32),
+                   codes[order], times[order])  # fmt: skip
+
+    def _tag_codes(self, mapped: MappedFile, rows: np.ndarray) -> np.ndarray | None:
+        """The run's tag hashes (0: no tag), or None when no record has a tag."""
+        tag_lens = rows[DISPATCH_TAG_LEN]
+        if not tag_lens.any():
+            return None
+        codes = np.zeros(rows.shape[1], dtype=np.int64)
+        mapping, file_start = mapped.mapping, mapped.start_offset
+        tag_hash = self._tag_hash
+        for row in np.flatnonzero(tag_lens).tolist():
+            at = int(rows[DISPATCH_PHYSICAL, row]) - file_start + HEADER_SIZE
+            at += int(rows[DISPATCH_TOPIC_LEN, row])
+            codes[row] = tag_hash(mapping[at : at + int(tag_lens[row])])
+        return codes
+
+    def _topic_at(self, mapped: MappedFile, rows: np.ndarray, row: int) -> str:
+        at = int(rows[DISPATCH_PHYSICAL, row]) - mapped.start_offset + HEADER_SIZE
+        raw = mapped.mapping[at : at + int(rows[DISPATCH_TOPIC_LEN, row])]
+        topic = self._topics.get(raw)
+        if topic is None:
+            topic = self._topics[raw] = raw.decode("ascii")  # dispatch_columns checked it
+        return topic
+
+
+def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """(key, rows of that key in run order) per distinct key, in order of first
+    appearance; rows None when there is one key. The rows of one put batch are
+    adjacent, so the distinct keys are found among the stretches' first rows."""
+    starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    if not len(starts):
+        return [(int(keys[0]), None)]
+    starts = np.concatenate(([0], starts))
+    distinct, first_stretch, group_of_stretch = np.unique(
+        keys[starts], return_index=True, return_inverse=True
+    )
+    lengths = np.diff(np.append(starts, len(keys)))
+    group_of_row = np.repeat(group_of_stretch.astype(np.int32), lengths)
+    by_appearance = np.argsort(first_stretch, kind="stable").tolist()
+    order = np.argsort(group_of_row, kind="stable")  # timsort: linear on stretches
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(group_of_row, minlength=len(distinct)))))
+    return [(int(distinct[g]), order[bounds[g] : bounds[g + 1]]) for g in by_appearance]
+
+
+def _why_unparsable(mapped: MappedFile, in_file: int, hard_end: int) -> str:
+    """Why ``dispatch_columns`` stopped at ``in_file``, for the CorruptDataError."""
+    left = mapped.size_bytes - in_file
+    if left < BLANK_SIZE:
+        return f"a record cannot start {left} bytes before the end"
+    size, magic, _ = PREFIX.unpack_from(mapped.mapping, in_file)
+    if magic == BLANK_MAGIC:
+        if size != left:
+            return f"blank record of {size} bytes does not end its file"
+        return f"blank record past the written end {hard_end}"
+    if magic != MESSAGE_MAGIC:
+        return f"bad magic 0x{magic:08x}"
+    if size < HEADER_SIZE:  # a zero size would never advance
+        return f"size {size} is below the {HEADER_SIZE}-byte header"
+    fit = min(mapped.size_bytes - BLANK_SIZE, hard_end - mapped.start_offset)
+    if size > fit - in_file:
+        return f"size {size} runs past the file or the written end {hard_end}"
+    return "its header does not parse (section lengths, physical offset, flags or topic)"
