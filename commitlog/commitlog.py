@@ -918,12 +918,17 @@ class CommitLog:
     # ------------------------------------------------------------------ retention
 
     def delete_oldest_file(self) -> MappedFile | None:
-        """Remove the oldest file (never the one being written). Returns it, closed."""
-        with self._lock:
-            if len(self._files.files) < 2 or self._files.files[0] is self._current:
-                return None
-            oldest = self._files.remove_oldest()
-        oldest.close()
+        """Remove the oldest file (never the one being written). Returns it, closed.
+
+        Under the flush lock (taken before the append lock, as flush_to takes them): a
+        flush that copied the file list before the removal finishes its syncs first.
+        """
+        with self._flush_lock:
+            with self._lock:
+                if len(self._files.files) < 2 or self._files.files[0] is self._current:
+                    return None
+                oldest = self._files.remove_oldest()
+            oldest.close()
         os.unlink(oldest.path)
         fsync_directory(self.directory)  # else a power cut brings the file back
         return oldest

@@ -18,6 +18,7 @@ from mqstore.commitlog.errors import (
     OffsetOutOfRangeError,
     StoreClosedError,
 )
+from mqstore.commitlog.mapped_file import MappedFile
 from mqstore.commitlog.record import BLANK_MAGIC, PREFIX
 
 FILE = 64 * 1024
@@ -304,6 +305,32 @@ def test_rolled_and_deleted_files_are_durable_names(open_log, syscalls):
     # rename's directory fsync still to come); close itself fsyncs no directory.
     log.close()
     assert syscalls.undurable_names() == []
+
+
+def test_retention_waits_for_a_flush_that_is_syncing_the_oldest_file(open_log):
+    """Regression: delete_oldest_file closed the oldest file holding only the append
+    lock while flush_to, holding the flush lock, was about to sync its copy of the file
+    list: the sync hit the closed file and poisoned the log with FlushFailedError."""
+    log = open_log(syncer=MappedFile.flush)
+    while log.file_count < 3:
+        log.append("t", 0, b"x" * 1000)
+    oldest = log._files.files[0]
+    deleting: list[threading.Thread] = []
+
+    def sync_while_retention_runs(mapped: MappedFile) -> None:
+        if mapped is oldest and not deleting:
+            thread = threading.Thread(target=log.delete_oldest_file)
+            deleting.append(thread)
+            thread.start()
+            thread.join(0.3)  # fixed: blocked on the flush lock; before: closed the file
+        MappedFile.flush(mapped)
+
+    log._syncer = sync_while_retention_runs
+    log.flush_to(log.write_position)  # raised FlushFailedError before the fix
+    deleting[0].join(10)
+    assert not deleting[0].is_alive()
+    assert not os.path.exists(oldest.path)
+    assert log.append("t", 0, b"after").queue_offset > 0  # the log is not poisoned
 
 
 def test_reads_racing_retention_raise_offset_out_of_range(open_log, monkeypatch):
