@@ -25,6 +25,12 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
     ("put", ["--rounds", "5"], ["--rounds", "7"]),
     ("queues", ["--rounds", "3"], ["--rounds", "5"]),
     ("offset_time", ["--rounds", "5"], ["--rounds", "7"]),
+    ("visibility", ["--rounds", "9", "--messages", "20000"], ["--rounds", "9"]),
+    (
+        "recovery",
+        ["--mib", "1024", "--rounds", "3", "--body-bytes", "1024", "100"],
+        ["--mib", "1024", "--rounds", "5", "--body-bytes", "1024", "100"],
+    ),
     ("broker", ["--rounds", "3"], ["--rounds", "5"]),
 )
 

@@ -6,7 +6,9 @@ position, or in sync-flush mode the flushed position, so that only durable bytes
 are ever exposed), groups them per queue, and hands each group to its ConsumeQueue
 in one ``put_batch``, and every keyed record to the IndexService in one
 ``put_batch``. It then advances
-the dispatched position and wakes every long-polling reader.
+the dispatched position, wakes the long-polling readers whose queue the round
+reached (dispatch/waiters.py) and calls the round listener (the store's cross-process
+notice to read-only followers, dispatch/notify.py).
 
 Records are parsed header-only, without checksum verification, like RocketMQ's
 ReputMessageService: every record before the write position was written by this
@@ -53,6 +55,7 @@ from mqstore.commitlog.record import decode_keys, tag_hash
 from mqstore.consumequeue.queue_store import ConsumeQueueStore
 from mqstore.consumequeue.tail_writer import TailWriter
 from mqstore.dispatch.log_scan import SMALL_GROUP_UNITS, LogScan
+from mqstore.dispatch.waiters import Waiters
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 
@@ -210,8 +213,10 @@ class Dispatcher:
         self._dispatched_ts_ms = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._readers = threading.Condition()
+        self._waiters = Waiters()
+        self._round_listener: Callable[[], None] | None = None
         self._round_lock = threading.Lock()
+        self._fail_lock = threading.Lock()
         self._tag_hashes: dict[bytes, int] = {}
         self._thread: threading.Thread | None = None
         # Work not yet dispatched, in log order: feed entries and _ReadLog ranges.
@@ -243,10 +248,41 @@ class Dispatcher:
         if not wake.is_set():
             wake.set()
 
+    def appended(self) -> None:
+        """The async-flush append listener: while readers of this process wait, kick
+        one of them to dispatch in its own thread (dispatch/waiters.py: its wake-up
+        replaces the dispatcher thread's, one hop fewer); else wake the thread."""
+        if self._waiters and self._waiters.kick():
+            return
+        wake = self._wake
+        if not wake.is_set():
+            wake.set()
+
+    def _help_from_reader(self) -> None:
+        """A kicked reader's round (at most ROUND_BYTES_MAX), in the reader's thread.
+        Errors are left to the dispatcher thread, which retries: the reader's wait
+        goes on (and a failure is raised to it by its failure check)."""
+        if self.failure is not None or not self._round_lock.acquire(blocking=False):
+            self.wake()  # a round runs already, or nothing will be dispatched
+            return
+        try:
+            count = self._round(ROUND_BYTES_MAX)
+        except Exception as error:
+            log.warning("dispatch in a reader's thread failed (the dispatcher retries): %r", error)
+            self.wake()
+            return
+        finally:
+            self._round_lock.release()
+        if count:
+            self._after_round()
+        if self._position < self.readable_end():
+            self.wake()  # more than one round's budget: the thread takes the rest
+
     def close(self) -> None:
         """Dispatch what is readable (unless failed), then stop."""
         self._stop.set()
         self._wake.set()
+        self._waiters.wake_all()  # they return False: nothing more is dispatched
         if self._thread is not None:
             self._thread.join()
         try:
@@ -313,11 +349,11 @@ class Dispatcher:
         """Enter the failed state and wake every waiting reader to see it."""
         failure = DispatchFailedError(self._position, f"{reason}: {cause}")
         failure.__cause__ = cause
-        with self._readers:
+        with self._fail_lock:
             if self.failure is not None:
                 return
             self.failure = failure
-            self._readers.notify_all()
+        self._waiters.wake_all()
         log.critical("%s", failure, exc_info=cause)
 
     @property
@@ -357,8 +393,7 @@ class Dispatcher:
         with self._round_lock:
             count = self._round(bytes_max)
         if count:
-            with self._readers:
-                self._readers.notify_all()
+            self._after_round()
         return count
 
     def dispatch_now(self) -> None:
@@ -386,8 +421,19 @@ class Dispatcher:
         finally:
             self._round_lock.release()
         if count:
-            with self._readers:
-                self._readers.notify_all()
+            self._after_round()
+
+    def set_round_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener()`` after every round that dispatched records (after the
+        in-process waiters are woken); it must not raise."""
+        self._round_listener = listener
+
+    def _after_round(self) -> None:
+        """Wake the readers whose condition the round made true, then the listener."""
+        self._waiters.notify()
+        listener = self._round_listener
+        if listener is not None:
+            listener()
 
     def _round(self, bytes_max: int | None) -> int:
         """One round up to the readable end, under the round lock."""
@@ -635,21 +681,21 @@ class Dispatcher:
     def wait_for(self, has_data: Callable[[], bool], timeout_ms: int) -> bool:
         """Block until ``has_data()`` is true or the timeout passes; return which.
 
-        ``has_data`` is re-checked after every dispatch round that added records.
+        ``has_data`` is evaluated by every dispatch round that added records, and the
+        caller is woken only when it holds (dispatch/waiters.py): a reader of one queue
+        sleeps through rounds for the others.
 
         Raises:
             DispatchFailedError: the dispatcher failed before ``has_data()`` came true
                 (it never will: nothing more is dispatched).
+            LimitExceededError: too many readers wait at once (waiters.WAITERS_MAX).
         """
-        if has_data():
-            return True
-        deadline = time.monotonic() + timeout_ms / 1000
-        with self._readers:
-            while not has_data():
-                if self.failure is not None:
-                    self._raise_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stop.is_set():
-                    return False
-                self._readers.wait(remaining)
-        return True
+        return self._waiters.wait(
+            has_data, timeout_ms, self.check_failed, self._stop.is_set,
+            helper=self._help_from_reader, kick_lost=self.wake,
+        )  # fmt: skip
+
+    @property
+    def waiting(self) -> int:
+        """How many readers are blocked in ``wait_for`` now."""
+        return len(self._waiters)

@@ -13,6 +13,7 @@ On disk (one store = one directory)::
     <root>/index/        key index files
     <root>/offsets/      committed consumer offsets (the Kafka-style adapter)
     <root>/inbox/        spool files other processes hand to the writer (mqstore.inbox)
+    <root>/notify        the dispatch sequence followers sleep on (dispatch/notify.py)
 
 Open (writer): take the lock, mark ``abort``, load the checkpoint, recover the
 CommitLog from min(flushed, dispatched), truncate ConsumeQueue units and index
@@ -21,7 +22,9 @@ entries that point past the recovered end, re-dispatch from the dispatched posit
 (checkpoint every second; retention). Close reverses it and removes ``abort``.
 
 Open (read-only): no lock, no writes; the store follows a live writer in another
-process through the ConsumeQueues it dispatches (shared page cache).
+process through the ConsumeQueues it dispatches (shared page cache). Its long polls
+sleep on the writer's dispatch sequence (``notify``, futex(2)); without that file (an
+older writer) they poll every millisecond.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.queue_time import TimeProbe
 from mqstore.dispatch.dispatcher import Dispatcher
+from mqstore.dispatch.notify import Follower, Notifier
 from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.indexfile import IndexConfig, IndexService
 from mqstore.indexfile.format import key_hash
@@ -88,6 +92,9 @@ _new_put_result = partial(tuple.__new__, PutResult)  # a NamedTuple without its 
 QUERY_RESULTS_MAX = 1_000  # one key query returns at most this many messages
 QUEUE_ID_MAX = 2**31 - 1
 READ_ONLY_POLL_S = 0.001
+# A follower's longest sleep on ``notify``: a writer that stopped bumping it (killed,
+# or an older version that reopened the store) is noticed within this.
+FOLLOW_SLICE_S = 0.05
 READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed files
 # Dispatch shares the GIL with producers; past this backlog a put dispatches what is
 # waiting before it returns, so a producer at full speed cannot outrun the
@@ -116,6 +123,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         self.derived_sync_failure: Exception | None = None  # freezes the dispatched claim
         self._checkpoint_guard = threading.Lock()
         self._dispatcher: Dispatcher | None = None
+        self._notifier: Notifier | None = None  # writers: bumps ``notify`` after rounds
+        self._follower: Follower | None = None  # read-only: sleeps on ``notify``
         self._scheduler: Scheduler | None = None
         self.recovered_from_crash = False
         self.power_loss_possible = False  # an unclean stop that may have lost the page cache
@@ -346,10 +355,14 @@ class MessageStore(CommitLogEngine, StoreReader):
         dispatcher = self._dispatcher
         assert dispatcher is not None
         dispatcher.use_feed()
-        # Async: appends wake the dispatcher thread. Sync: bytes become readable when a
-        # sync ends, and its leader dispatches them itself (Dispatcher.dispatch_now).
+        # Async: appends wake the dispatcher thread, or a waiting reader that dispatches
+        # (Dispatcher.appended). Sync: bytes become readable when a sync ends, and its
+        # leader dispatches them itself (Dispatcher.dispatch_now).
         sync = self.config.flush_mode == "sync"
-        self.commitlog.set_append_listener(dispatcher.dispatch_now if sync else dispatcher.wake)
+        self.commitlog.set_append_listener(dispatcher.dispatch_now if sync else dispatcher.appended)
+        self._notifier = Notifier.create(self.root)
+        if self._notifier is not None:
+            dispatcher.set_round_listener(self._notifier.bump)
         dispatcher.start()
         config = self.config
         self._retention = retention.RetentionService(
@@ -493,6 +506,10 @@ class MessageStore(CommitLogEngine, StoreReader):
                     log.exception("closing %s failed", part)
         if self._checkpoint_file is not None:
             self._checkpoint_file.close()
+        for notice in (self._notifier, self._follower):
+            if notice is not None:
+                notice.close()
+        self._notifier = self._follower = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -919,17 +936,28 @@ class MessageStore(CommitLogEngine, StoreReader):
         return bool(self.consume_queues.queue(topic, queue_id).max_offset > offset)
 
     def _wait_until(self, ready: Callable[[], bool], timeout_ms: int) -> bool:
-        """Wait for ``ready()``: woken by dispatch rounds, or polling a writer's
-        dispatched state every millisecond when read-only."""
+        """Wait for ``ready()``: woken by the dispatch rounds that make it true; when
+        read-only, by the writer's bumps of ``notify`` (each sleep at most
+        FOLLOW_SLICE_S, so a writer that stopped bumping costs latency, not a hang), or
+        polling every millisecond where there is no ``notify`` (an older writer)."""
         dispatcher = self._dispatcher
         if dispatcher is not None:
             return dispatcher.wait_for(ready, timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
-        while not ready():
-            if time.monotonic() >= deadline or self._closed:
+        while True:
+            follower = self._follower
+            if follower is None and not self._closed:
+                follower = self._follower = Follower.open(self.root)
+            sequence = None if follower is None else follower.sequence  # before the check
+            if ready():
+                return True
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0 or self._closed:
                 return False
-            time.sleep(READ_ONLY_POLL_S)
-        return True
+            if follower is None or sequence is None:
+                time.sleep(min(READ_ONLY_POLL_S, remaining_s))
+            else:
+                follower.wait(sequence, min(FOLLOW_SLICE_S, remaining_s))
 
     # ------------------------------------------------------------------ stats
 

@@ -520,3 +520,112 @@ def _read(path: Any, position: int, size: int) -> bytes:
     with open(path, "rb") as file:
         file.seek(position)
         return file.read(size)
+
+
+# ------------------------------------------------------------------ long polling
+
+
+def test_a_waiter_sleeps_through_rounds_for_other_queues(parts):
+    """Rounds that reach only other queues do not wake a reader: its condition is
+    evaluated by the dispatcher, never by the reader's thread, until it holds."""
+    dispatcher = parts.dispatcher()
+    dispatcher.start()
+    queue = parts.queues.queue("orders", 2)
+    calls_by_thread: dict[int, int] = {}
+
+    def has_data() -> bool:
+        ident = threading.get_ident()
+        calls_by_thread[ident] = calls_by_thread.get(ident, 0) + 1
+        return bool(queue.max_offset > 0)
+
+    result: list[tuple[bool, int]] = []
+
+    def reader() -> None:
+        result.append((dispatcher.wait_for(has_data, 30_000), threading.get_ident()))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    _eventually(lambda: dispatcher.waiting == 1)
+    rounds_before = dispatcher.rounds
+    for _ in range(60):  # one record per round, to ("orders", 0): another queue
+        parts.log.append("orders", 0, BODY)
+        dispatcher.wake()
+        _eventually(lambda: dispatcher.position == parts.log.write_position)
+    assert dispatcher.rounds - rounds_before >= 30
+    assert not result  # still asleep
+    parts.log.append("orders", 2, BODY)
+    dispatcher.wake()
+    thread.join(SPIN_TIMEOUT_S)
+    woke, reader_ident = result[0]
+    assert woke is True
+    # The reader's thread checked twice before it slept and once after its wake; the
+    # other queue's rounds were checked on the dispatcher's side.
+    assert calls_by_thread[reader_ident] <= 3
+    assert dispatcher.waiting == 0
+
+
+def test_waiters_are_woken_in_sync_mode_by_the_dispatching_writer(tmp_path):
+    """Sync flush: the group commit leader dispatches (dispatch_now); its rounds wake
+    the readers as the dispatcher thread's do."""
+    with MessageStore.open(tmp_path / "s", StoreConfig(flush_mode="sync", prewarm=False)) as store:
+        store.put("t", 0, b"first")
+        woke: list[bool] = []
+        thread = threading.Thread(target=lambda: woke.append(store.wait_for("t", 0, 1, 30_000)))
+        thread.start()
+        _eventually(lambda: store._dispatcher is not None and store._dispatcher.waiting == 1)
+        store.put("t", 0, b"second")
+        thread.join(SPIN_TIMEOUT_S)
+        assert woke == [True]
+
+
+def test_an_append_kicks_a_waiting_reader_to_dispatch_in_its_own_thread(parts):
+    """Async mode's listener (``appended``) hands the round to a waiting reader: with
+    no dispatcher thread at all, the reader still sees the append, dispatched by
+    itself; with nobody waiting, the listener only wakes the (absent) thread."""
+    dispatcher = parts.dispatcher()  # not started: no dispatcher thread
+    parts.log.set_append_listener(dispatcher.appended)
+    queue = parts.queues.queue("orders", 0)
+    parts.log.append("orders", 0, BODY)  # nobody waits: the thread would be woken
+    assert dispatcher.position == 0
+    assert dispatcher._wake.is_set()
+    dispatcher._wake.clear()
+    woke: list[tuple[bool, int]] = []
+
+    def reader() -> None:
+        woke.append((dispatcher.wait_for(lambda: queue.max_offset > 1, 30_000),
+                     threading.get_ident()))  # fmt: skip
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    _eventually(lambda: dispatcher.waiting == 1)
+    parts.log.append("orders", 0, BODY)
+    thread.join(SPIN_TIMEOUT_S)
+    assert woke and woke[0][0] is True
+    assert dispatcher._waiters.kicks >= 1
+    assert dispatcher.position == parts.log.write_position
+    assert queue.max_offset == 2
+
+
+def test_a_kicked_reader_of_another_queue_dispatches_for_the_right_one(parts):
+    """The kicked reader waits on queue 1; the append is to queue 0: it runs the
+    round, whose notify wakes queue 0's reader, and goes back to sleep."""
+    dispatcher = parts.dispatcher()
+    parts.log.set_append_listener(dispatcher.appended)
+    queue0, queue1 = parts.queues.queue("orders", 0), parts.queues.queue("orders", 1)
+    results: dict[int, bool] = {}
+
+    def reader(queue_id: int, queue: Any, timeout_ms: int) -> None:
+        results[queue_id] = dispatcher.wait_for(lambda: queue.max_offset > 0, timeout_ms)
+
+    first = threading.Thread(target=reader, args=(1, queue1, 400))  # oldest: kicked
+    first.start()
+    _eventually(lambda: dispatcher.waiting == 1)
+    second = threading.Thread(target=reader, args=(0, queue0, 30_000))
+    second.start()
+    _eventually(lambda: dispatcher.waiting == 2)
+    parts.log.append("orders", 0, BODY)
+    second.join(SPIN_TIMEOUT_S)
+    assert results.get(0) is True
+    first.join(SPIN_TIMEOUT_S)
+    assert results[1] is False  # nothing for queue 1: it timed out, after helping
+    assert dispatcher._waiters.kicks == 1

@@ -1,4 +1,5 @@
-"""Several processes: a read-only reader follows a live writer process; a second
+"""Several processes: a read-only reader follows a live writer process (woken by the
+writer's ``notify`` file, polling without it, never hanging on a dead writer); a second
 writer is refused; a SIGKILLed writer's lock is taken over (the kernel drops flock)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,3 +105,74 @@ def test_stale_lock_of_a_killed_writer_is_taken_over(tmp_path):
                 MessageStore.open(path, StoreConfig(**SMALL))
     finally:
         _stop(writer)
+
+
+FOLLOWER = f"""
+import sys, time
+import mqstore.store
+from mqstore import MessageStore, StoreConfig
+mqstore.store.FOLLOW_SLICE_S = 120.0  # no slice ends the sleep: only the writer's notice
+store = MessageStore.open(sys.argv[1], {CONFIG_EXPR}, read_only=True)
+print("ready", flush=True)
+started = time.monotonic()
+woke = store.wait_for("k", 0, 1, 120_000)
+print(woke, store._follower is not None, time.monotonic() - started, flush=True)
+store.close()
+"""
+
+
+def test_a_follower_process_is_woken_by_the_writers_notice(tmp_path):
+    path = tmp_path / "s"
+    with MessageStore.open(path, StoreConfig(**SMALL)) as store:
+        store.put("k", 0, b"first")
+        child = subprocess.Popen(
+            [sys.executable, "-c", FOLLOWER, str(path)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            time.sleep(0.2)  # the follower sleeps in its wait by now
+            store.put("k", 0, b"second")
+            woke, followed, took_s = child.stdout.readline().split()
+            assert child.wait(DEADLINE_S) == 0
+        finally:
+            _stop(child)
+    assert woke == "True"
+    assert followed == "True"  # it slept on ``notify``, not polling
+    assert float(took_s) < 60.0  # far less than its 120 s slice: the notice woke it
+
+
+def test_a_follower_of_a_killed_writer_times_out_instead_of_hanging(tmp_path):
+    path = tmp_path / "s"
+    writer = _writer(path, 0)
+    try:
+        reader = MessageStore.open(path, StoreConfig(**SMALL), read_only=True)
+        started = time.monotonic()
+        assert reader.wait_for("k", 0, 0, 200) is False  # a live writer, nothing put
+        assert reader._follower is not None
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(10)
+        started = time.monotonic()
+        assert reader.wait_for("k", 0, 0, 300) is False  # nobody will ever bump now
+        took_s = time.monotonic() - started
+        assert 0.3 <= took_s < 5.0
+        reader.close()
+    finally:
+        _stop(writer)
+
+
+def test_a_follower_of_a_store_without_a_notice_file_polls(tmp_path):
+    """A store whose writer is older than ``notify`` (no such file): the follower
+    polls as before and still sees every put."""
+    path = tmp_path / "s"
+    with MessageStore.open(path, StoreConfig(**SMALL)) as store:
+        store.put("k", 0, b"first")
+        os.remove(path / "notify")
+        with MessageStore.open(path, StoreConfig(**SMALL), read_only=True) as reader:
+            timer = threading.Timer(0.05, lambda: store.put("k", 0, b"second"))
+            timer.start()
+            assert reader.wait_for("k", 0, 1, 10_000)
+            timer.join()
+            assert reader._follower is None
+            assert [bytes(m.body) for m in reader.get("k", 0, 0, 10)] == [b"first", b"second"]

@@ -668,3 +668,96 @@ def test_put_helps_dispatch_past_the_backlog(open_store, monkeypatch):
     dispatcher = store._dispatcher
     assert dispatcher is not None
     assert results[-1].physical_offset - dispatcher.position <= 1_000
+
+
+def test_a_long_poll_on_one_queue_ignores_a_hammered_other_queue(open_store):
+    """A reader of queue 0 sleeps through a writer hammering queue 1: its wait times
+    out (False) at its timeout, and then a put to queue 0 wakes it."""
+    store = open_store()
+    store.put("t", 0, b"zero")
+    store.put("t", 1, b"one")
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            store.put("t", 1, b"x" * 100)
+
+    writer = threading.Thread(target=hammer)
+    writer.start()
+    try:
+        started = time.monotonic()
+        assert store.wait_for("t", 0, 1, 150) is False
+        assert time.monotonic() - started >= 0.15
+        dispatcher = store._dispatcher
+        assert dispatcher is not None
+        released_before = dispatcher._waiters.released
+        woke: list[bool] = []
+        reader = threading.Thread(target=lambda: woke.append(store.wait_for("t", 0, 1, 30_000)))
+        reader.start()
+        deadline = time.monotonic() + 10
+        while dispatcher.waiting < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        time.sleep(0.05)  # rounds of queue 1 go by
+        assert woke == []
+        assert dispatcher._waiters.released == released_before
+        store.put("t", 0, b"zero again")
+        reader.join(10)
+        assert woke == [True]
+    finally:
+        stop.set()
+        writer.join(10)
+    assert store.max_offset("t", 1) > 1
+
+
+def test_wait_for_data_wakes_on_any_of_its_queues(open_store):
+    store = open_store()
+    for queue_id in range(3):
+        store.put("t", queue_id, b"first")
+    woke: list[bool] = []
+    positions = [("t", 0, 1), ("t", 1, 1), ("t", 2, 1)]
+    reader = threading.Thread(target=lambda: woke.append(store.wait_for_data(positions, 30_000)))
+    reader.start()
+    dispatcher = store._dispatcher
+    assert dispatcher is not None
+    deadline = time.monotonic() + 10
+    while dispatcher.waiting < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    store.put("t", 2, b"second")
+    reader.join(10)
+    assert woke == [True]
+
+
+@pytest.mark.parametrize("flush_mode", ["async", "sync"])
+def test_a_reader_keeps_up_with_a_hammering_writer_without_a_lost_wake_up(tmp_path, flush_mode):
+    """Every message is read back in order through wait_for + get; a lost wake-up
+    would leave a wait asleep until its 30 s timeout (and return False)."""
+    total = 3_000
+    config = StoreConfig(**{**SMALL, "flush_mode": flush_mode})
+    with MessageStore.open(tmp_path / "s", config) as store:
+        store.put("t", 0, b"start")
+        got: list[bytes] = []
+        waits: list[float] = []
+
+        def reader() -> None:
+            offset = 1
+            while offset <= total:
+                started = time.monotonic()
+                if not store.wait_for("t", 0, offset, 30_000):
+                    return
+                waits.append(time.monotonic() - started)
+                messages = store.get("t", 0, offset, 64)
+                got.extend(bytes(m.body) for m in messages)
+                offset += len(messages)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        for i in range(total):
+            store.put("t", 0, b"m%d" % i)
+            if i % 100 == 0:
+                time.sleep(0.001)  # now and then, let the reader catch up and sleep
+        thread.join(60)
+        assert not thread.is_alive()
+    assert got == [b"m%d" % i for i in range(total)]
+    assert max(waits) < 10.0
