@@ -59,6 +59,10 @@ from mqstore.dispatch.waiters import Waiters
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 
+#: The longest the dispatcher thread sleeps on an idle store between rounds it was not
+#: woken for (the dispatch interval doubles up to it while rounds find nothing).
+IDLE_WAIT_MAX_S = 0.05
+
 log = logging.getLogger(__name__)
 
 ROUND_BYTES_MAX: Final = 8 << 20  # one round's parse; bounds reader latency per round
@@ -296,12 +300,18 @@ class Dispatcher:
         failing_since_s: float | None = None  # monotonic time of the first failure in a row
         backoff_ms = RETRY_BACKOFF_MS_MIN
         attempts = 0
+        idle_s = self._interval_s
         while not self._stop.is_set():
-            self._wake.wait(self._interval_s)
+            self._wake.wait(idle_s)
             self._wake.clear()
             try:
-                while self.dispatch_available(ROUND_BYTES_MAX):
-                    pass
+                dispatched = 0
+                while count := self.dispatch_available(ROUND_BYTES_MAX):
+                    dispatched += count
+                # Every append and flush wakes this thread (wake, appended), so the timed
+                # wait is only a safety net: an idle store backs it off to IDLE_WAIT_MAX_S
+                # instead of taking the GIL every interval from the threads that work.
+                idle_s = self._interval_s if dispatched else min(idle_s * 2, IDLE_WAIT_MAX_S)
             except DispatchFailedError:
                 return  # failed for good (corrupt data): the state says why
             except Exception as error:
