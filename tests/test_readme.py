@@ -76,6 +76,7 @@ WALK = [  # (section, kind) of every block, in the README's order
     ("Install", "sh"),
     ("Use it inside a service", "python"),
     ("Command line", "console"),
+    ("Serve it to other processes: Kafka's protocol", "python"),
     ("Spark", "python"),
 ]
 
@@ -243,6 +244,15 @@ def test_the_command_line(newcomer: dict[str, Path]) -> None:
     assert len(offsets) == 8
     assert all(row["committed"] == row["latest"] for row in offsets), offsets
     assert sum(row["latest"] for row in offsets) == 1 + 2 + 100  # service, file, seq
+
+
+def test_the_broker_snippet(tmp_path: Path) -> None:
+    """The embedded broker with a real Kafka client, on the dev venv's Python (the
+    broker extra's codec and kafka-python are dev dependencies too)."""
+    script = tmp_path / "broker.py"
+    script.write_text(block("Serve it to other processes: Kafka's protocol").text)
+    out = run([sys.executable, str(script)], tmp_path, clean_env()).stdout.splitlines()
+    assert out[-2:] == ["[(b'user-7', b'home')]", "b'home'"], out
 
 
 def test_the_spark_snippet(newcomer: dict[str, Path]) -> None:
