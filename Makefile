@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck unit unit-pure sanitize sanitize-full fuse-deps powerloss soak pipeline bench bench-full bench-spark clean
+.PHONY: demo test lint typecheck unit unit-pure sanitize sanitize-full fuse-deps kcat-deps powerloss soak pipeline bench bench-full bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,15 @@ typecheck: $(STAMP)
 fuse-deps:
 	@command -v fusermount3 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends fuse3)
 
+# kcat (Debian's librdkafka CLI), a client of the broker's conformance tests.
+kcat-deps:
+	@command -v kcat >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends kcat)
+
 # MQSTORE_REQUIRE_NATIVE: a build that fell back to pure Python fails instead of passing slowly.
 # MQSTORE_REQUIRE_FUSE: the power-loss tests fail, rather than skip, without FUSE.
-unit: $(STAMP) fuse-deps
-	MQSTORE_REQUIRE_NATIVE=1 MQSTORE_REQUIRE_FUSE=1 $(PY) -m pytest -q
+# MQSTORE_REQUIRE_KCAT: the kcat conformance test fails, rather than skips, without kcat.
+unit: $(STAMP) fuse-deps kcat-deps
+	MQSTORE_REQUIRE_NATIVE=1 MQSTORE_REQUIRE_FUSE=1 MQSTORE_REQUIRE_KCAT=1 $(PY) -m pytest -q
 
 # The pure-Python twins of the C module: what a machine without a C compiler runs.
 PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile \

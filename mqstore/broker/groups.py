@@ -17,6 +17,10 @@ States, as in Kafka's GroupMetadata: Empty -> PreparingRebalance -> CompletingRe
 - LeaveGroup and session expiry (no heartbeat for session_timeout_ms) remove a
   member and rebalance the rest.
 
+ListGroups and DescribeGroups answer from the groups in memory and, for a group
+known only by its committed offsets (after a restart, or an embedded consumer's),
+as Kafka answers a group with no members: state Empty, protocol type "consumer".
+
 Committed offsets are not kept here: OffsetCommit checks the member's generation
 with ``commit_allowed`` and stores the offsets in the engine's OffsetStore, so
 embedded consumers and wire clients of a group see the same ones.
@@ -32,6 +36,7 @@ import time
 import uuid
 from typing import Any, Final
 
+from kafka.protocol.admin import DescribeGroupsResponse, ListGroupsResponse
 from kafka.protocol.consumer import (
     HeartbeatResponse,
     JoinGroupResponse,
@@ -41,13 +46,17 @@ from kafka.protocol.consumer import (
 
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.protocol import ErrorCode
+from mqstore.commitlog.errors import StoreError
+from mqstore.offsets import OffsetStore, validate_group
 
 __all__ = ["GroupCoordinator"]
 
 EXPIRY_CHECK_S: Final = 0.25  # how often sessions are checked
 GROUPS_MAX: Final = 10_000  # groups held in memory; more are refused
 MEMBERS_MAX: Final = 1_000  # members of one group
-JOIN, HEARTBEAT, LEAVE, SYNC = 11, 12, 13, 14
+JOIN, HEARTBEAT, LEAVE, SYNC, DESCRIBE, LIST = 11, 12, 13, 14, 15, 16
+DEAD: Final = "Dead"  # DescribeGroups' state of a group nobody knows
+CONSUMER: Final = "consumer"  # the protocol type of a group known by its offsets
 EMPTY, PREPARING, COMPLETING, STABLE = (
     "Empty",
     "PreparingRebalance",
@@ -59,6 +68,7 @@ EMPTY, PREPARING, COMPLETING, STABLE = (
 class _Member:
     __slots__ = (
         "assignment",
+        "client_id",
         "id",
         "join",
         "join_version",
@@ -71,6 +81,7 @@ class _Member:
 
     def __init__(self, member_id: str) -> None:
         self.id = member_id
+        self.client_id = ""
         self.protocols: list[tuple[str, bytes]] = []
         self.session_timeout_s = 10.0
         self.rebalance_timeout_s = 10.0
@@ -97,11 +108,17 @@ class _Group:
 class GroupCoordinator:
     """Every group of this broker (one broker: it coordinates them all)."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, offsets: OffsetStore | None = None) -> None:
+        """``offsets``: where groups known only by committed offsets are listed."""
         self.config = config
+        self.offsets = offsets
         self.groups: dict[str, _Group] = {}
 
     async def handle(self, api_key: int, request: Any, version: int) -> Any:
+        if api_key == LIST:
+            return self._list(version)
+        if api_key == DESCRIBE:
+            return self._describe(request, version)
         if api_key == JOIN:
             return await self._join(request, version)
         if api_key == SYNC:
@@ -171,6 +188,7 @@ class GroupCoordinator:
         if member.join is not None and not member.join.done():
             member.join.set_result(fail(ErrorCode.REBALANCE_IN_PROGRESS, member_id))
         member.protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
+        member.client_id = request.header.client_id or ""
         member.session_timeout_s = session_ms / 1000
         rebalance_ms = getattr(request, "rebalance_timeout_ms", -1)
         member.rebalance_timeout_s = (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000
@@ -335,6 +353,68 @@ class GroupCoordinator:
             return
         self._prepare_rebalance(group)
         self._maybe_complete_join(group)
+
+    # ------------------------------------------------------------------ list, describe
+
+    def _committed_groups(self) -> list[str]:
+        if self.offsets is None:
+            return []
+        try:
+            return self.offsets.groups()
+        except (StoreError, OSError):
+            return []  # an unreadable offsets directory lists nothing more
+
+    def _list(self, version: int) -> Any:
+        listed = {
+            group.id: group.protocol_type or CONSUMER
+            for group in self.groups.values()
+            if group.members or group.state != EMPTY
+        }
+        for group_id in self._committed_groups():
+            listed.setdefault(group_id, CONSUMER)
+        groups = [
+            ListGroupsResponse.ListedGroup(group_id=group_id, protocol_type=protocol_type)
+            for group_id, protocol_type in sorted(listed.items())
+        ]
+        return ListGroupsResponse(version=version, throttle_time_ms=0, error_code=0, groups=groups)
+
+    def _describe(self, request: Any, version: int) -> Any:
+        committed = set(self._committed_groups())
+        described = [self._describe_one(group_id, committed) for group_id in request.groups]
+        return DescribeGroupsResponse(version=version, throttle_time_ms=0, groups=described)
+
+    def _describe_one(self, group_id: str, committed: set[str]) -> Any:
+        def answer(code: int, state: str, protocol_type: str, members: list[Any]) -> Any:
+            return DescribeGroupsResponse.DescribedGroup(
+                error_code=code, group_id=group_id, group_state=state,
+                protocol_type=protocol_type, protocol_data=protocol, members=members,
+            )  # fmt: skip
+
+        protocol = ""
+        try:
+            validate_group(group_id)
+        except StoreError:
+            return answer(ErrorCode.INVALID_GROUP_ID, DEAD, "", [])
+        group = self.groups.get(group_id)
+        if group is None or (not group.members and group.state == EMPTY):
+            known = group_id in committed
+            return answer(0, EMPTY if known else DEAD, CONSUMER if known else "", [])
+        protocol = group.protocol or ""
+        stable = group.state == STABLE
+        member_class = DescribeGroupsResponse.DescribedGroup.DescribedGroupMember
+        members = []
+        for member in group.members.values():
+            members.append(
+                member_class(
+                    member_id=member.id,
+                    group_instance_id=None,
+                    client_id=member.client_id,
+                    client_host="",
+                    member_metadata=dict(member.protocols).get(protocol, b""),
+                    member_assignment=member.assignment if stable else b"",
+                )
+            )
+        return answer(0, group.state, group.protocol_type or "", members)
 
     async def expire_loop(self) -> None:
         """Remove members whose session ran out (a task of the broker's loop)."""

@@ -28,6 +28,7 @@ from kafka.protocol.consumer import (
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
+from mqstore.broker.admin import Admin
 from mqstore.broker.batch import InvalidBatchError, check_produced
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.log import PartitionLog
@@ -102,14 +103,43 @@ class Handlers:
     """The worker-thread half of the broker's APIs."""
 
     def __init__(
-        self, log_: PartitionLog, offsets: OffsetStore, config: BrokerConfig, port: int
+        self,
+        log_: PartitionLog,
+        offsets: OffsetStore,
+        config: BrokerConfig,
+        port: int,
+        *,
+        state_directory: str | None = None,
     ) -> None:
+        """``state_directory``: where the idempotent producers' journal lives (the
+        store's root); None keeps that state in memory only.
+
+        Raises:
+            StoreError: the journal cannot be written.
+        """
         self.log = log_
         self.offsets = offsets
         self.config = config
         self.port = port
         self.producer_ids = ProducerIds()
-        self.producers = ProducerState()
+        self.producers = ProducerState(state_directory)
+        self.producers.prune(self._end_offset)
+        self.admin = Admin(log_, config)
+        # The admin APIs (mqstore.broker.admin), on the read threads like the rest.
+        self.delete_topics = self.admin.delete_topics
+        self.create_partitions = self.admin.create_partitions
+        self.delete_records = self.admin.delete_records
+        self.describe_configs = self.admin.describe_configs
+
+    def _end_offset(self, topic: str, partition: int) -> int | None:
+        try:
+            return self.log.high_watermark(topic, partition)
+        except StoreError:
+            return None
+
+    def close(self) -> None:
+        """Write the producers' state out (after the produce thread stopped)."""
+        self.producers.close()
 
     def _partitions(self, topic: str) -> int:
         """The topic's partition count, 0 when it does not exist."""

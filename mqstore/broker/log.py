@@ -29,10 +29,16 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple, Protocol
 
 from mqstore.broker.batch import ProducedBatch, build_fetch_batch, decode_produced
+from mqstore.commitlog.errors import StoreError
 from mqstore.engine import Engine, EngineBatch
 from mqstore.topics import TopicConfig
 
-__all__ = ["Appended", "PartitionLog", "RecordLog"]
+__all__ = ["Appended", "PartitionLog", "RecordLog", "UnsupportedByEngineError"]
+
+
+class UnsupportedByEngineError(StoreError):
+    """The engine cannot do what was asked (e.g. move a CommitLog queue's start)."""
+
 
 #: One engine read takes at most this many records (both engines' per-call bound).
 READ_RECORDS_MAX: Final = 10_000
@@ -56,6 +62,12 @@ class PartitionLog(Protocol):
     def topics(self) -> dict[str, TopicConfig]: ...
 
     def create_topic(self, name: str, partitions: int, timestamp_type: str) -> TopicConfig: ...
+
+    def describe_topic(self, name: str) -> TopicConfig: ...
+
+    def add_partitions(self, name: str, partitions: int) -> TopicConfig: ...
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int: ...
 
     def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended: ...
 
@@ -83,6 +95,29 @@ class RecordLog:
 
     def create_topic(self, name: str, partitions: int, timestamp_type: str) -> TopicConfig:
         return self.engine.create_topic(name, partitions, timestamp_type=timestamp_type)
+
+    def describe_topic(self, name: str) -> TopicConfig:
+        """The topic's config with its ``effective_*`` fields filled in."""
+        return self.engine.describe_topic(name)
+
+    def add_partitions(self, name: str, partitions: int) -> TopicConfig:
+        return self.engine.add_partitions(name, partitions)
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        """Move the partition's log start offset up to ``before_offset``; the log
+        start offset now.
+
+        Raises:
+            UnsupportedByEngineError: the engine has no movable log start (CommitLog).
+            OffsetOutOfRangeError, UnknownTopicError: as the engine raises them.
+        """
+        delete = getattr(self.engine, "delete_records", None)
+        if delete is None:
+            raise UnsupportedByEngineError(
+                f"{type(self.engine).__name__} cannot move a log start offset; "
+                "retention drops old records"
+            )
+        return int(delete(topic, partition, before_offset))
 
     def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended:
         """Append a checked batch's records.

@@ -10,23 +10,67 @@ topic, partition):
 - any other sequence is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is
   INVALID_PRODUCER_EPOCH; a newer epoch must start again at sequence 0.
 
-Crash policy (this step): the state lives in memory. After a restart a producer id
-the broker does not know starts fresh at whatever sequence it sends (Kafka answers
-UNKNOWN_PRODUCER_ID there and the client resets); a retry of a batch that was
-appended just before the crash may then be appended twice. Producer ids stay unique
-across restarts: they start from the wall clock. Rebuilding the state from stored
-batch headers comes with the B2 mapping (docs/BROKER.md section 4).
+Persistence: a journal, ``broker-producers.log`` in the store's root. Every appended
+batch adds one record to it right after the engine's append returns (one ``write``
+on the produce thread, which the page cache keeps across a SIGKILL); at open the
+journal is replayed, and it is compacted (rewritten with the remembered batches
+only, to a temporary file, fsynced, renamed over, the directory fsynced) at open, at
+close and whenever it passes ``JOURNAL_BYTES_MAX``. A journal rather than producer
+properties on every stored record: the records stay what the producer sent (no
+extra properties on each record a consumer reads, the same bytes on both engines),
+and the journal costs 40 bytes and one ``write`` per batch, not per record.
+Record layout (big-endian)::
 
-Not thread-safe: the broker calls it from its one produce thread only.
+    crc32 u32 (zlib, of what follows) | producer_id i64 | epoch i16 | partition i32
+    | first_sequence i32 | last_sequence i32 | base_offset i64 | topic_bytes u16
+    | topic (utf-8, topic_bytes)
+
+Crash policy: a record with a bad CRC or cut short ends the replay there (a torn
+last write); what it held is forgotten, as an unknown producer is. Batches whose
+base offset is at or past the partition's end after a crash (the engine lost them:
+a power cut under async flush) are dropped by ``prune``. The window between the
+engine's append and the journal write is one ``write`` call: a SIGKILL inside it
+forgets that one batch, and its retry would be appended again (Kafka closes it by
+rebuilding from batch headers in the log, which the B2 mapping brings). Producer
+ids stay unique across restarts: they start from the wall clock.
+
+Not thread-safe: the broker calls it from its one produce thread only (and
+``close`` after that thread stopped).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import struct
 import time
+import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import Final, NamedTuple
 
-__all__ = ["BATCHES_REMEMBERED", "ProducerIds", "ProducerState", "SequenceCheck"]
+from mqstore.commitlog.durable import fsync_directory, fsync_file
+from mqstore.commitlog.errors import StoreError
+
+__all__ = [
+    "BATCHES_REMEMBERED",
+    "JOURNAL_NAME",
+    "ProducerIds",
+    "ProducerState",
+    "SequenceCheck",
+]
+
+log = logging.getLogger(__name__)
+
+JOURNAL_NAME: Final = "broker-producers.log"
+#: The journal is compacted past this size: at most PRODUCERS_MAX * 5 records of
+#: about 60 bytes survive a compaction, so 8 MiB holds many batches between them.
+JOURNAL_BYTES_MAX: Final = 8 << 20
+#: crc32, producer_id, epoch, partition, first_sequence, last_sequence, base_offset,
+#: topic_bytes (the topic's utf-8 bytes follow).
+JOURNAL_RECORD: Final = struct.Struct(">IqhiiiqH")
+assert JOURNAL_RECORD.size == 36
+_CRC_BYTES: Final = 4
 
 BATCHES_REMEMBERED: Final = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SEQUENCE_MODULUS: Final = 1 << 31  # sequences are int32 and wrap to 0
@@ -71,10 +115,97 @@ class ProducerIds:
 
 
 class ProducerState:
-    """Sequence state per (producer id, topic, partition)."""
+    """Sequence state per (producer id, topic, partition), journaled in ``directory``
+    when one is given (see the module docstring), else in memory only."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: str | None = None) -> None:
+        """Replay and compact the journal in ``directory`` (None: memory only).
+
+        Raises:
+            StoreError: the journal cannot be rewritten (a read-only or full disk).
+        """
         self._entries: dict[tuple[int, str, int], _Entry] = {}
+        self._path = None if directory is None else os.path.join(directory, JOURNAL_NAME)
+        self._fd = -1
+        self._journal_bytes = 0
+        if self._path is not None:
+            self._replay(self._path)
+            self._compact()
+
+    def prune(self, end_offset: Callable[[str, int], int | None]) -> int:
+        """Forget batches at or past their partition's end (``end_offset`` None: the
+        partition is gone). Returns how many batches were forgotten."""
+        forgotten = 0
+        for key in list(self._entries):
+            _, topic, partition = key
+            end = end_offset(topic, partition)
+            entry = self._entries[key]
+            kept = [b for b in entry.batches if end is not None and b[2] < end]
+            forgotten += len(entry.batches) - len(kept)
+            if not kept:
+                del self._entries[key]
+            elif len(kept) < len(entry.batches):
+                entry.batches = deque(kept, maxlen=BATCHES_REMEMBERED)
+        if forgotten and self._path is not None:
+            self._compact()
+        return forgotten
+
+    def close(self) -> None:
+        """Compact the journal and close it (idempotent)."""
+        if self._fd < 0:
+            return
+        self._compact()
+        os.close(self._fd)
+        self._fd = -1
+
+    def _replay(self, path: str) -> None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        position = 0
+        while position + JOURNAL_RECORD.size <= len(data):
+            crc, pid, epoch, partition, first, last, base, size = JOURNAL_RECORD.unpack_from(
+                data, position
+            )
+            end = position + JOURNAL_RECORD.size + size
+            if end > len(data) or zlib.crc32(data[position + _CRC_BYTES : end]) != crc:
+                break
+            try:
+                topic = data[end - size : end].decode()
+            except UnicodeDecodeError:
+                break
+            self._remember(pid, epoch, topic, partition, first, last, base)
+            position = end
+        if position != len(data):
+            log.warning("%s: torn or corrupt tail at byte %d ignored", path, position)
+
+    def _compact(self) -> None:
+        """Rewrite the journal with the remembered batches only, atomically."""
+        path = self._path
+        assert path is not None
+        records = [
+            _journal_record(pid, entry.epoch, topic, partition, *batch)
+            for (pid, topic, partition), entry in self._entries.items()
+            for batch in entry.batches
+        ]
+        tmp_path = path + ".tmp"
+        try:
+            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, b"".join(records))
+                fsync_file(fd, tmp_path)
+            finally:
+                os.close(fd)
+            os.rename(tmp_path, path)
+            fsync_directory(os.path.dirname(path))
+            if self._fd >= 0:
+                os.close(self._fd)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as error:
+            raise StoreError(f"producer journal {path}: {error}") from error
+        self._journal_bytes = sum(map(len, records))
 
     def check(
         self, producer_id: int, epoch: int, topic: str, partition: int, first: int, count: int
@@ -111,11 +242,39 @@ class ProducerState:
         """Remember an appended batch."""
         if producer_id == NO_PRODUCER_ID:
             return
-        key = (producer_id, topic, partition)
+        last = (first + count - 1) % SEQUENCE_MODULUS
+        self._remember(producer_id, epoch, topic, partition, first, last, base_offset)
+        if self._fd < 0:
+            return
+        record = _journal_record(producer_id, epoch, topic, partition, first, last, base_offset)
+        try:
+            os.write(self._fd, record)
+            self._journal_bytes += len(record)
+            if self._journal_bytes > JOURNAL_BYTES_MAX:
+                self._compact()
+        except OSError as error:  # the batch is appended; only its memory is at risk
+            log.warning("producer journal: %s", error)
+        except StoreError as error:
+            log.warning("%s", error)
+
+    def _remember(
+        self, pid: int, epoch: int, topic: str, partition: int, first: int, last: int, base: int
+    ) -> None:
+        key = (pid, topic, partition)
         entry = self._entries.get(key)
         if entry is None or entry.epoch != epoch:
             if entry is None and len(self._entries) >= PRODUCERS_MAX:
                 del self._entries[next(iter(self._entries))]  # the oldest producer
             entry = self._entries[key] = _Entry(epoch)
-        last = (first + count - 1) % SEQUENCE_MODULUS
-        entry.batches.append((first, last, base_offset))
+        entry.batches.append((first, last, base))
+
+
+def _journal_record(
+    pid: int, epoch: int, topic: str, partition: int, first: int, last: int, base: int
+) -> bytes:
+    name = topic.encode()
+    assert len(name) <= 0xFFFF  # topic names are validated far shorter (249)
+    assert 0 <= base < 2**63
+    body = JOURNAL_RECORD.pack(0, pid, epoch, partition, first, last, base, len(name)) + name
+    crc = zlib.crc32(memoryview(body)[_CRC_BYTES:])
+    return crc.to_bytes(_CRC_BYTES, "big") + body[_CRC_BYTES:]

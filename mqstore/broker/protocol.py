@@ -27,6 +27,22 @@ from __future__ import annotations
 import struct
 from typing import Any, Final, NamedTuple
 
+from kafka.protocol.admin import (
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -61,11 +77,6 @@ from kafka.protocol.producer import (
 )
 
 from mqstore.commitlog.errors import InvalidArgumentError
-
-try:  # CreateTopics lives with the admin classes
-    from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
-except ImportError:  # pragma: no cover - kafka-python 3 has them; older ones do not serve
-    CreateTopicsRequest = CreateTopicsResponse = None
 
 __all__ = [
     "API_VERSIONS",
@@ -116,14 +127,17 @@ class ErrorCode:
     TOPIC_ALREADY_EXISTS: Final = 36
     INVALID_PARTITIONS: Final = 37
     INVALID_REPLICATION_FACTOR: Final = 38
+    INVALID_REPLICA_ASSIGNMENT: Final = 39
     INVALID_CONFIG: Final = 40
     INVALID_REQUEST: Final = 42
+    POLICY_VIOLATION: Final = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER: Final = 45
     DUPLICATE_SEQUENCE_NUMBER: Final = 46
     INVALID_PRODUCER_EPOCH: Final = 47
     KAFKA_STORAGE_ERROR: Final = 56
     UNKNOWN_PRODUCER_ID: Final = 59
     UNKNOWN_SERVER_ERROR: Final = -1
+    TOPIC_DELETION_DISABLED: Final = 73
     MEMBER_ID_REQUIRED: Final = 79
     INVALID_RECORD: Final = 87
 
@@ -168,12 +182,14 @@ APIS: Final[dict[int, Api]] = {
         _api(13, LeaveGroupRequest, LeaveGroupResponse, 0, 3),
         _api(14, SyncGroupRequest, SyncGroupResponse, 0, 3),
         _api(API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
+        _api(15, DescribeGroupsRequest, DescribeGroupsResponse, 0, 4),
+        _api(16, ListGroupsRequest, ListGroupsResponse, 0, 2),
+        _api(19, CreateTopicsRequest, CreateTopicsResponse, 2, 4),
+        _api(20, DeleteTopicsRequest, DeleteTopicsResponse, 1, 3),
+        _api(21, DeleteRecordsRequest, DeleteRecordsResponse, 0, 1),
         _api(22, InitProducerIdRequest, InitProducerIdResponse, 0, 1),
-        *(
-            (_api(19, CreateTopicsRequest, CreateTopicsResponse, 2, 4),)
-            if CreateTopicsRequest is not None
-            else ()
-        ),
+        _api(32, DescribeConfigsRequest, DescribeConfigsResponse, 1, 3),
+        _api(37, CreatePartitionsRequest, CreatePartitionsResponse, 0, 1),
     )
 }
 

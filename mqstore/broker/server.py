@@ -69,7 +69,8 @@ START_TIMEOUT_S: Final = 30.0
 PRODUCE: Final = 0
 FETCH: Final = 1
 OFFSET_COMMIT: Final = 8
-GROUP_APIS: Final = frozenset((11, 12, 13, 14))  # Join, Heartbeat, Leave, SyncGroup
+#: Join, Heartbeat, Leave, SyncGroup, DescribeGroups, ListGroups
+GROUP_APIS: Final = frozenset((11, 12, 13, 14, 15, 16))
 LONG_POLL_SLICE_MS: Final = 500  # one wait_for_data call; the loop re-checks between
 
 
@@ -139,6 +140,8 @@ class Broker:
             thread.join(DRAIN_TIMEOUT_S + 5)
         for pool in (self._produce_pool, self._read_pool, self._wait_pool):
             pool.shutdown(wait=True, cancel_futures=True)
+        if self.handlers is not None:
+            self.handlers.close()  # the producers' journal, compacted
 
     def __enter__(self) -> Broker:
         return self.start()
@@ -164,8 +167,11 @@ class Broker:
             self._accept, self.config.host, self.config.port, limit=1 << 16
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self.handlers = Handlers(self.log, self.engine.offsets, self.config, self.port)
-        self.groups = GroupCoordinator(self.config)
+        self.handlers = Handlers(
+            self.log, self.engine.offsets, self.config, self.port,
+            state_directory=getattr(self.engine, "root", None),
+        )  # fmt: skip
+        self.groups = GroupCoordinator(self.config, self.engine.offsets)
         expiry = asyncio.create_task(self.groups.expire_loop())
         self._started.set()
         log.info("broker listening on %s:%d", self.config.host, self.port)
@@ -379,7 +385,11 @@ _SYNC_HANDLERS: Final = {
     10: "find_coordinator",
     18: "api_versions",
     19: "create_topics",
+    20: "delete_topics",
+    21: "delete_records",
     22: "init_producer_id",
+    32: "describe_configs",
+    37: "create_partitions",
 }
 
 

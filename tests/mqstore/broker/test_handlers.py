@@ -141,15 +141,18 @@ def produce_frame(topic: str, batch: bytes, correlation_id: int, acks: int = -1)
     return bytes(request.encode(header=True, framed=True))
 
 
-def idempotent_batch(producer_id: int, sequence: int, count: int) -> bytes:
+def idempotent_batch(
+    producer_id: int, sequence: int, count: int, *, epoch: int = 0, value: bytes | None = None
+) -> bytes:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     builder = DefaultRecordBatchBuilder(
         magic=2, compression_type=0, is_transactional=False, producer_id=producer_id,
-        producer_epoch=0, base_sequence=sequence, batch_size=1 << 20,
+        producer_epoch=epoch, base_sequence=sequence, batch_size=1 << 20,
     )  # fmt: skip
     for i in range(count):
-        builder.append(i, timestamp=None, key=None, value=b"v%d" % i, headers=[])
+        body = b"v%d" % i if value is None else value
+        builder.append(i, timestamp=None, key=None, value=body, headers=[])
     return bytes(builder.build())
 
 

@@ -1,8 +1,25 @@
-"""The idempotent producer's sequence rules (Kafka's ProducerStateManager)."""
+"""The idempotent producer's sequence rules (Kafka's ProducerStateManager) and its
+journal: replayed after a clean stop and a SIGKILL, damaged tails ignored."""
 
 from __future__ import annotations
 
-from mqstore.broker.producers import BATCHES_REMEMBERED, ProducerIds, ProducerState
+import os
+import signal
+from typing import Any
+
+import pytest
+from kafka import KafkaProducer
+
+from mqstore.broker import Broker, BrokerConfig
+from mqstore.broker.producers import (
+    BATCHES_REMEMBERED,
+    JOURNAL_NAME,
+    JOURNAL_RECORD,
+    ProducerIds,
+    ProducerState,
+)
+from tests.mqstore.broker.test_handlers import idempotent_batch, produce_answer, produce_frame
+from tests.mqstore.engines import ENGINES, open_engine
 
 
 def test_sequences_duplicates_and_epochs() -> None:
@@ -41,3 +58,152 @@ def test_producer_ids_increase() -> None:
     drawn = [ids.next() for _ in range(1000)]
     assert drawn == sorted(set(drawn))
     assert 0 < drawn[0] < 2**63
+
+
+# ---------------------------------------------------------------- the journal
+
+
+def test_state_survives_a_reopen_of_its_journal(tmp_path: Any) -> None:
+    state = ProducerState(str(tmp_path))
+    state.appended(5, 0, "t", 0, 0, 10, 100)
+    state.appended(5, 0, "t", 0, 10, 5, 110)
+    state.appended(6, 2, "u", 3, 0, 1, 7)
+    # no close: a SIGKILL leaves the appended records in the page cache
+    again = ProducerState(str(tmp_path))
+    assert again.check(5, 0, "t", 0, 0, 10).duplicate_offset == 100
+    assert again.check(5, 0, "t", 0, 10, 5).duplicate_offset == 110
+    assert again.check(5, 0, "t", 0, 16, 1).error == 45
+    assert again.check(6, 1, "u", 3, 1, 1).error == 47  # epoch 2 is remembered
+    again.close()
+    third = ProducerState(str(tmp_path))  # from the compacted journal
+    assert third.check(6, 2, "u", 3, 0, 1).duplicate_offset == 7
+    third.close()
+
+
+def test_only_the_last_five_survive_compaction(tmp_path: Any) -> None:
+    state = ProducerState(str(tmp_path))
+    for n in range(BATCHES_REMEMBERED + 3):
+        state.appended(9, 0, "t", 0, n, 1, 1_000 + n)
+    state.close()
+    journal = tmp_path / JOURNAL_NAME
+    assert journal.stat().st_size == BATCHES_REMEMBERED * (JOURNAL_RECORD.size + 1)
+    again = ProducerState(str(tmp_path))
+    assert again.check(9, 0, "t", 0, 2, 1).error == 45  # forgotten, as Kafka does
+    assert again.check(9, 0, "t", 0, 3, 1).duplicate_offset == 1_003
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped", "garbage"])
+def test_a_damaged_tail_ends_the_replay_there(tmp_path: Any, damage: str) -> None:
+    state = ProducerState(str(tmp_path))
+    state.appended(5, 0, "t", 0, 0, 1, 100)
+    state.appended(5, 0, "t", 0, 1, 1, 101)
+    journal = tmp_path / JOURNAL_NAME
+    data = bytearray(journal.read_bytes())
+    record_bytes = JOURNAL_RECORD.size + 1
+    assert len(data) == 2 * record_bytes
+    if damage == "torn":
+        data = data[: record_bytes + 7]
+    elif damage == "flipped":
+        data[record_bytes + 20] ^= 0x10
+    else:
+        data += os.urandom(3) + b"\xff" * 40
+    journal.write_bytes(bytes(data))
+    again = ProducerState(str(tmp_path))
+    assert again.check(5, 0, "t", 0, 0, 1).duplicate_offset == 100
+    if damage == "garbage":
+        assert again.check(5, 0, "t", 0, 1, 1).duplicate_offset == 101
+    else:  # the second batch is forgotten: its producer continues as it expects
+        assert again.check(5, 0, "t", 0, 1, 1).duplicate_offset is None
+    assert journal.stat().st_size == record_bytes * (2 if damage == "garbage" else 1)
+
+
+def test_prune_forgets_batches_the_log_lost(tmp_path: Any) -> None:
+    state = ProducerState(str(tmp_path))
+    state.appended(5, 0, "t", 0, 0, 1, 100)
+    state.appended(5, 0, "t", 0, 1, 1, 101)
+    state.appended(6, 0, "gone", 0, 0, 1, 0)
+    ends = {("t", 0): 101}
+    assert state.prune(lambda topic, partition: ends.get((topic, partition))) == 2
+    assert state.check(5, 0, "t", 0, 0, 1).duplicate_offset == 100
+    assert state.check(5, 0, "t", 0, 1, 1).duplicate_offset is None
+    assert state.check(6, 0, "gone", 0, 0, 1).duplicate_offset is None
+    state.close()
+    assert ProducerState(str(tmp_path)).check(5, 0, "t", 0, 1, 1).duplicate_offset is None
+
+
+# ---------------------------------------------------------------- across restarts
+
+
+def _kafka_python_batch(bootstrap: str, topic: str) -> tuple[int, int, int]:
+    """One record from kafka-python 3's default (idempotent) producer: its producer
+    id, epoch and the record's offset."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    try:
+        metadata = producer.send(topic, b"once").get(timeout=30)
+        manager = producer._transaction_manager
+        assert manager is not None
+        identity = manager.producer_id_and_epoch
+    finally:
+        producer.close()
+    assert identity.producer_id >= 0
+    return identity.producer_id, identity.epoch, metadata.offset
+
+
+def _resend(port: int, topic: str, producer_id: int, epoch: int) -> Any:
+    batch = idempotent_batch(producer_id, 0, 1, epoch=epoch, value=b"once")
+    return produce_answer(port, produce_frame(topic, batch, 9))
+
+
+def test_duplicate_after_a_clean_restart(tmp_path: Any, engine_kind: str) -> None:
+    engine = open_engine(engine_kind, tmp_path / "store")
+    try:
+        engine.create_topic("idem", 1)
+        with Broker(engine, BrokerConfig(port=0)) as broker:
+            pid, epoch, offset = _kafka_python_batch(broker.bootstrap, "idem")
+    finally:
+        engine.close()
+    engine = open_engine(engine_kind, tmp_path / "store")
+    try:
+        with Broker(engine, BrokerConfig(port=0)) as broker:
+            answer = _resend(broker.port, "idem", pid, epoch)
+            assert (answer.error_code, answer.base_offset) == (0, offset)
+            nxt = produce_answer(
+                broker.port, produce_frame("idem", idempotent_batch(pid, 1, 1, epoch=epoch), 10)
+            )
+            assert (nxt.error_code, nxt.base_offset) == (0, offset + 1)
+        assert engine.latest_offset("idem", 0) == offset + 2
+        values = [r.value for r in engine.read_records("idem", 0, 0, 10)]
+        assert values.count(b"once") == 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_duplicate_after_a_sigkill(tmp_path: Any, engine: str) -> None:
+    from tests.mqstore.broker.test_serve import reopen, start_serve
+
+    store = tmp_path / "store"
+    process, bootstrap = start_serve(store, engine)
+    try:
+        pid, epoch, offset = _kafka_python_batch(bootstrap, "idem")
+    finally:
+        process.kill()
+        process.wait(30)
+    process, bootstrap = start_serve(store, engine)
+    try:
+        port = int(bootstrap.rsplit(":", 1)[1])
+        answer = _resend(port, "idem", pid, epoch)
+        assert (answer.error_code, answer.base_offset) == (0, offset)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    reopened = reopen(engine, store)
+    try:
+        assert reopened.latest_offset("idem", 0) == offset + 1
+        values = [r.value for r in reopened.read_records("idem", 0, 0, 10)]
+        assert values.count(b"once") == 1
+    finally:
+        reopened.close()
