@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
 from mqstore import cli_consume, cli_dump, cli_produce, cli_verify
+from mqstore.cli_credentials import add_credentials_options, add_security_options
 from mqstore.cli_store import (
     CONFIG_ENV,
     STORE_ENV,
@@ -203,9 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = command("serve", "serve the store over Kafka's wire protocol", _cmd_serve)
     serve.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT")
     serve.add_argument("--no-auto-create", action="store_true", help="Metadata creates no topic")
+    add_security_options(serve)
+
+    credentials = command("credentials", "manage the broker's SASL users", _cmd_credentials)
+    add_credentials_options(credentials)
 
     command("verify", "check every record checksum and ConsumeQueue unit", _cmd_verify)
-    command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
+    stats = command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
+    stats.add_argument(
+        "--broker", metavar="HOST:PORT", help="read a broker's metrics endpoint instead"
+    )
     bench = command("bench", "run the quick CommitLog append benchmark", _cmd_bench)
     bench.add_argument(
         "bench_args", nargs=argparse.REMAINDER, help="more benchmark arguments, after --"
@@ -255,6 +263,7 @@ examples:
   mqstore dump mqstore-data/commitlog/00000000000000000000 --print-data
   mqstore verify
   mqstore serve --listen 127.0.0.1:9092   # Kafka clients connect here (docs/BROKER.md)
+  mqstore credentials add alice            # then: serve --sasl-mechanism SCRAM-SHA-256
 
 exit codes: 0 success, 1 user error, 2 corrupt data found.
 A new store takes the default StoreConfig (128 MiB pre-warmed CommitLog files, 21 MiB
@@ -299,6 +308,12 @@ def _time_ms(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
     return value
+
+
+def _cmd_credentials(args: argparse.Namespace) -> int:
+    from mqstore.cli_credentials import cmd_credentials
+
+    return cmd_credentials(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -566,6 +581,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    if args.broker:
+        from mqstore.cli_credentials import print_broker_metrics
+
+        return print_broker_metrics(args.broker, args.json)
     with open_store(args, write=False) as store:
         stats = dict(store.stats())
         stats["topics"] = len(store.list_topics())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import attrs
-from attrs.validators import ge, instance_of, le, optional
+from attrs.validators import and_, deep_iterable, ge, in_, instance_of, le, optional
 
 from mqstore.broker.protocol import FRAME_BYTES_MAX
 from mqstore.commitlog.errors import ConfigError
@@ -38,6 +38,9 @@ def _int(low: int, high: int) -> Any:
 
 _STR = _checked(instance_of(str))
 _BOOL = _checked(instance_of(bool))
+_OPTIONAL_STR = _checked(optional(instance_of(str)))
+#: The SASL mechanisms served (mqstore.broker.sasl), named as Kafka names them.
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @attrs.frozen(kw_only=True)
@@ -85,10 +88,42 @@ class BrokerConfig:
     #: group.min/max.session.timeout.ms.
     session_timeout_min_ms: int = attrs.field(default=1_000, validator=_int(1, 2**31 - 1))
     session_timeout_max_ms: int = attrs.field(default=1_800_000, validator=_int(1, 2**31 - 1))
+    #: TLS (stdlib ssl): a PEM certificate chain and its key; both or neither.
+    tls_cert_path: str | None = attrs.field(default=None, validator=_OPTIONAL_STR)
+    tls_key_path: str | None = attrs.field(default=None, validator=_OPTIONAL_STR)
+    #: sasl.enabled.mechanisms: empty means no authentication. When set, a connection
+    #: gets only ApiVersions, SaslHandshake and SaslAuthenticate until it authenticates.
+    sasl_mechanisms: tuple[str, ...] = attrs.field(
+        default=(), converter=tuple, validator=_checked(deep_iterable(in_(SASL_MECHANISMS)))
+    )
+    #: The credentials file (mqstore.broker.credentials); None: credentials.json in
+    #: the store folder (serve) - required when sasl_mechanisms is set.
+    credentials_path: str | None = attrs.field(default=None, validator=_OPTIONAL_STR)
+    #: PLAIN sends the password in clear: refused without TLS unless this is set
+    #: (loopback tests only).
+    sasl_plain_without_tls: bool = attrs.field(default=False, validator=_BOOL)
+    #: The Prometheus text endpoint (``/metrics``); port None: off. Port 0: any free one.
+    metrics_host: str = attrs.field(default="127.0.0.1", validator=_STR)
+    metrics_port: int | None = attrs.field(
+        default=None, validator=_checked(optional(and_(instance_of(int), ge(0), le(PORT_MAX))))
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.session_timeout_min_ms > self.session_timeout_max_ms:
             raise ConfigError("session_timeout_min_ms is above session_timeout_max_ms")
+        if (self.tls_cert_path is None) != (self.tls_key_path is None):
+            raise ConfigError("tls_cert_path and tls_key_path go together")
+        if self.sasl_mechanisms and self.credentials_path is None:
+            raise ConfigError("sasl_mechanisms needs a credentials_path")
+        if "PLAIN" in self.sasl_mechanisms and not self.tls and not self.sasl_plain_without_tls:
+            raise ConfigError(
+                "SASL PLAIN sends passwords in clear: give a TLS certificate, "
+                "or set sasl_plain_without_tls (loopback tests only)"
+            )
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_path is not None
 
     @property
     def advertised(self) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
 from typing import Any, Final
 
 from mqstore.broker.config import BrokerConfig
+from mqstore.broker.credentials import CREDENTIALS_FILE
 from mqstore.broker.server import Broker
 from mqstore.commitlog.errors import ConfigError
 from mqstore.engine import Engine
@@ -67,7 +69,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     """
     host, sep, port_text = listen.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65_535:
-        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT")
+        raise ConfigError(f"{listen!r}: expected HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port_text)
 
 
@@ -76,11 +78,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from mqstore.cli_store import open_store
 
     host, port = parse_listen(args.listen)
-    config = BrokerConfig(host=host, port=port, auto_create_topics=not args.no_auto_create)
+    metrics_host, metrics_port = (
+        parse_listen(args.metrics_listen) if args.metrics_listen else ("127.0.0.1", None)
+    )
+    config = BrokerConfig(
+        host=host,
+        port=port,
+        auto_create_topics=not args.no_auto_create,
+        tls_cert_path=args.tls_cert,
+        tls_key_path=args.tls_key,
+        sasl_mechanisms=tuple(args.sasl_mechanism),
+        credentials_path=(
+            (args.credentials or os.path.join(args.store, CREDENTIALS_FILE))
+            if args.sasl_mechanism
+            else None
+        ),
+        sasl_plain_without_tls=args.sasl_plain_without_tls,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+    )
 
     def listening(broker: Broker) -> None:
         # One line on stdout, so a script (or a test) learns the port when it asked for 0.
         print(f"mqstore: serving {args.store} on {broker.bootstrap}", flush=True)
+        if broker.metrics_server is not None:
+            server = broker.metrics_server
+            print(f"mqstore: metrics on http://{server.host}:{server.port}/metrics", flush=True)
 
     store: Any
     with open_store(args, write=True) as store:

@@ -21,7 +21,14 @@ all and per address, idle connections (no request for ``idle_timeout_ms``) close
 Bad input: a frame that is not a request we serve (unknown api key or version, a
 body that does not decode, a negative size) closes that connection and nothing
 else; an ApiVersions request above v3 is answered in v0 with error 35 (KIP-511).
-A handler bug closes the connection and is logged with the client's address.
+A handler bug closes the connection and is logged with the client's address, as is
+every connection closed for cause.
+
+Security (docs/BROKER.md "Security"): TLS with the stdlib's ``ssl`` when the config
+names a certificate; SASL (mqstore.broker.sasl) when it names mechanisms. Until a
+connection authenticates, its requests are taken one at a time and only ApiVersions,
+SaslHandshake and SaslAuthenticate are answered: any other request closes it unread.
+Metrics (mqstore.broker.metrics) are counted here, per request and connection.
 
 Shutdown (``Broker.stop``, SIGTERM under ``serve``): stop accepting, let the
 requests already read finish and their responses go out (bounded by
@@ -35,6 +42,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import secrets
+import ssl
 import threading
 import time
 from collections import Counter
@@ -42,9 +51,11 @@ from functools import partial
 from typing import Any, Final
 
 from mqstore.broker.config import BrokerConfig
+from mqstore.broker.credentials import CredentialStore
 from mqstore.broker.groups import GroupCoordinator
 from mqstore.broker.handlers import Handlers
 from mqstore.broker.log import PartitionLog, RecordLog
+from mqstore.broker.metrics import BrokerMetrics, MetricsServer, count_records, serve_metrics
 from mqstore.broker.protocol import (
     API_VERSIONS,
     FRAME_SIZE,
@@ -57,6 +68,7 @@ from mqstore.broker.protocol import (
     served,
     unsupported_api_versions,
 )
+from mqstore.broker.sasl import SASL_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Authenticator
 from mqstore.commitlog.errors import StoreError
 from mqstore.engine import Engine
 
@@ -71,6 +83,8 @@ FETCH: Final = 1
 OFFSET_COMMIT: Final = 8
 #: Join, Heartbeat, Leave, SyncGroup, DescribeGroups, ListGroups
 GROUP_APIS: Final = frozenset((11, 12, 13, 14, 15, 16))
+#: What an unauthenticated connection may ask when SASL is on (Kafka's rule).
+BEFORE_AUTHENTICATION: Final = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 LONG_POLL_SLICE_MS: Final = 500  # one wait_for_data call; the loop re-checks between
 
 
@@ -108,6 +122,14 @@ class Broker:
         )
         self.handlers: Handlers | None = None
         self.groups: GroupCoordinator | None = None
+        self.metrics = BrokerMetrics(engine, self.log.high_watermark)
+        self.metrics_server: MetricsServer | None = None
+        self._tls = _tls_context(self.config)
+        self._credentials: CredentialStore | None = None
+        if self.config.sasl_mechanisms:
+            assert self.config.credentials_path is not None  # BrokerConfig checks it
+            self._credentials = CredentialStore(self.config.credentials_path)
+        self._sasl_secret = secrets.token_bytes(32)  # unknown users' fake SCRAM salts
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,6 +160,9 @@ class Broker:
             assert stopping is not None
             loop.call_soon_threadsafe(stopping.set)
             thread.join(DRAIN_TIMEOUT_S + 5)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
         for pool in (self._produce_pool, self._read_pool, self._wait_pool):
             pool.shutdown(wait=True, cancel_futures=True)
         if self.handlers is not None:
@@ -164,8 +189,12 @@ class Broker:
         self._stopping = asyncio.Event()
         self._queued_room = asyncio.Event()
         self._server = await asyncio.start_server(
-            self._accept, self.config.host, self.config.port, limit=1 << 16
+            self._accept, self.config.host, self.config.port, limit=1 << 16, ssl=self._tls
         )
+        if self.config.metrics_port is not None:
+            self.metrics_server = serve_metrics(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         self.handlers = Handlers(
             self.log, self.engine.offsets, self.config, self.port,
@@ -191,22 +220,28 @@ class Broker:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if peer else "?"
+        client = f"{address}:{peer[1] if peer else '?'}"
         if (
             len(self._connections) >= self.config.connections_max
             or self._per_address[address] >= self.config.connections_per_address_max
         ):
-            log.warning("connection from %s refused: too many connections", address)
+            log.warning("%s: connection refused: too many connections", client)
+            self.metrics.closed_for_cause.labels("refused").inc()
             writer.close()
             return
+        self.metrics.accepted.inc()
+        self.metrics.connections_open.inc()
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         self._per_address[address] += 1
         try:
-            await self._connection(reader, writer, f"{address}:{peer[1] if peer else '?'}")
+            await self._connection(reader, writer, client)
         except asyncio.CancelledError:
             pass
         finally:
+            self.metrics.connections_open.dec()
+            self.metrics.closed.inc()
             self._connections.discard(task)
             self._per_address[address] -= 1
             if not self._per_address[address]:
@@ -223,16 +258,28 @@ class Broker:
             self.config.in_flight_per_connection_max
         )
         sender = asyncio.create_task(self._send(pending, writer, client))
+        auth = self._authenticator()
         try:
             while not sender.done():
                 payload = await self._read_frame(reader, client)
                 if payload is None:
                     break
-                task = asyncio.create_task(self._respond(payload, client))
+                if auth is not None and not auth.done and not self._may_ask(auth, payload):
+                    self._release(len(payload))
+                    log.warning("%s: a request before authentication; closing", client)
+                    self.metrics.closed_for_cause.labels("unauthenticated").inc()
+                    break
+                task = asyncio.create_task(self._respond(payload, client, auth))
                 # A done callback, not a finally: a task cancelled before it starts
                 # never runs its coroutine's finally.
                 task.add_done_callback(partial(self._release, len(payload)))
                 await pending.put(task)
+                if auth is not None and not auth.done:
+                    await asyncio.wait([task])  # authentication goes one request at a time
+                    if auth.failed:
+                        log.warning("%s: SASL authentication failed; closing", client)
+                        self.metrics.closed_for_cause.labels("authentication").inc()
+                        break
         except asyncio.CancelledError:
             pass  # shutdown: stop reading, answer what was read
         finally:
@@ -243,6 +290,20 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(sender, DRAIN_TIMEOUT_S)
 
+    def _authenticator(self) -> Authenticator | None:
+        if self._credentials is None:
+            return None
+        return Authenticator(self._credentials, self.config.sasl_mechanisms, self._sasl_secret)
+
+    @staticmethod
+    def _may_ask(auth: Authenticator, payload: bytes) -> bool:
+        """Whether an unauthenticated connection may send this frame."""
+        if auth.raw_tokens:
+            return True  # a v0 handshake: the next frame is a raw SASL token
+        if len(payload) < 2:
+            return False
+        return int.from_bytes(payload[:2], "big", signed=True) in BEFORE_AUTHENTICATION
+
     async def _read_frame(self, reader: asyncio.StreamReader, client: str) -> bytes | None:
         """One request payload, or None: the peer closed, went idle, or sent a frame
         size out of bounds."""
@@ -252,6 +313,7 @@ class Broker:
             (size,) = FRAME_SIZE.unpack(prefix)
             if not 0 < size <= self.config.frame_bytes_max:
                 log.warning("%s: frame of %d bytes refused; closing", client, size)
+                self.metrics.closed_for_cause.labels("frame_size").inc()
                 return None
             await self._reserve(size)
             try:
@@ -259,7 +321,11 @@ class Broker:
             except BaseException:
                 self._release(size)
                 raise
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        except TimeoutError:
+            log.info("%s: idle for %d ms; closing", client, self.config.idle_timeout_ms)
+            self.metrics.closed_for_cause.labels("idle").inc()
+            return None
+        except (asyncio.IncompleteReadError, ConnectionError):
             return None
 
     async def _send(
@@ -312,15 +378,72 @@ class Broker:
         if self._queued_room is not None:
             self._queued_room.set()
 
-    async def _respond(self, payload: bytes, client: str) -> bytes | None:
-        """The framed response to one request, or None (acks=0)."""
+    async def _respond(
+        self, payload: bytes, client: str, auth: Authenticator | None = None
+    ) -> bytes | None:
+        """The framed response to one request (timed and counted), or None (acks=0)."""
+        started = time.perf_counter()
+        if auth is not None and auth.raw_tokens and not auth.done:
+            return await self._raw_token(auth, payload, client)
         head = peek(payload)
         api = served(head)
+        if api is None and auth is not None and head.api_key in SASL_APIS:
+            api = SASL_APIS[head.api_key]
+            if not api.served_min <= head.api_version <= api.served_max:
+                api = None
         if api is None:
             if head.api_key == API_VERSIONS and head.api_version > 3:
                 return unsupported_api_versions(head.correlation_id)
             raise MalformedRequestError(f"api {head.api_key} v{head.api_version} is not served")
+        response = await self._answer(api, head, payload, auth, client)
+        if response is None:
+            return None
+        self.metrics.response_errors(response)
+        encoded = encode_response(response, head.correlation_id)
+        name = api.request.__name__.removesuffix("Request")
+        seconds = time.perf_counter() - started
+        self.metrics.request(name, head.api_version, seconds, len(payload) + 4, len(encoded))
+        return encoded
+
+    async def _raw_token(self, auth: Authenticator, payload: bytes, client: str) -> bytes:
+        """A SASL token after a v0 handshake: answered raw, size-prefixed (KIP-152)."""
         loop = asyncio.get_running_loop()
+        try:
+            reply = await loop.run_in_executor(self._read_pool, auth.step, payload)
+        finally:
+            self._count_authentication(auth, client)
+        return FRAME_SIZE.pack(len(reply)) + reply
+
+    def _count_authentication(self, auth: Authenticator, client: str) -> None:
+        if auth.done:
+            self.metrics.authentications.labels(auth.mechanism, "ok").inc()
+            log.info("%s: authenticated as %r (%s)", client, auth.user, auth.mechanism)
+        elif auth.failed:
+            self.metrics.authentications.labels(auth.mechanism or "none", "failed").inc()
+
+    async def _answer(
+        self, api: Api, head: RequestHead, payload: bytes, auth: Authenticator | None, client: str
+    ) -> Any:
+        """The response object to one request, or None (acks=0)."""
+        loop = asyncio.get_running_loop()
+        if auth is not None and head.api_key in SASL_APIS:
+            request = decode_request(api, head, payload)
+            if head.api_key == SASL_HANDSHAKE:
+                return auth.handshake(request, head.api_version)
+            response = await loop.run_in_executor(
+                self._read_pool, auth.authenticate, request, head.api_version
+            )
+            self._count_authentication(auth, client)
+            return response
+        if auth is not None and head.api_key == API_VERSIONS:
+            response = await loop.run_in_executor(self._read_pool, self._handle, api, head, payload)
+            for sasl in SASL_APIS.values():  # advertised only when SASL is on
+                response.api_keys.append(
+                    type(response).ApiVersion(
+                        api_key=sasl.key, min_version=sasl.served_min, max_version=sasl.served_max
+                    )
+                )
+            return response
         if head.api_key == FETCH:
             request = decode_request(api, head, payload)
             response = await self._fetch(request, head.api_version)
@@ -329,15 +452,17 @@ class Broker:
         else:
             pool = self._produce_pool if head.api_key == PRODUCE else self._read_pool
             response = await loop.run_in_executor(pool, self._handle, api, head, payload)
-        if response is None:
-            return None
-        return encode_response(response, head.correlation_id)
+        return response
 
     def _handle(self, api: Api, head: RequestHead, payload: bytes) -> Any:
         """Decode and handle on a worker thread."""
         request = decode_request(api, head, payload)
         handlers = self.handlers
         assert handlers is not None
+        if head.api_key == PRODUCE:
+            self.metrics.produced.inc(
+                sum(count_records(p.records) for t in request.topic_data for p in t.partition_data)
+            )
         method = _SYNC_HANDLERS[head.api_key]
         return getattr(handlers, method)(request, head.api_version)
 
@@ -354,9 +479,15 @@ class Broker:
             )
             left_ms = int((deadline - time.monotonic()) * 1000)
             stopping = self._stopping is not None and self._stopping.is_set()
-            if result.records_bytes >= max(request.min_bytes, 1) or not result.waiting:
-                return result.response
-            if left_ms <= 0 or stopping:
+            done = result.records_bytes >= max(request.min_bytes, 1) or not result.waiting
+            if done or left_ms <= 0 or stopping:
+                self.metrics.fetched.inc(
+                    sum(
+                        count_records(p.records)
+                        for t in result.response.responses
+                        for p in t.partitions
+                    )
+                )
                 return result.response
             await loop.run_in_executor(
                 self._wait_pool, handlers.wait, result.waiting, min(left_ms, LONG_POLL_SLICE_MS)
@@ -391,6 +522,20 @@ _SYNC_HANDLERS: Final = {
     32: "describe_configs",
     37: "create_partitions",
 }
+
+
+def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (TLS 1.2 at least), or None without a certificate.
+
+    Raises:
+        OSError, ssl.SSLError: the certificate or key cannot be read.
+    """
+    if config.tls_cert_path is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert_path, config.tls_key_path)
+    return context
 
 
 def _cancel_pending(pending: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:

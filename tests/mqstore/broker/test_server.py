@@ -148,3 +148,32 @@ def test_queued_request_bytes_are_bounded_and_given_back(tmp_path: Any) -> None:
             assert broker._queued_bytes == 0
     finally:
         store.close()
+
+
+def test_connections_closed_for_cause_are_logged_with_the_client_address(
+    tmp_path: Any, caplog: Any
+) -> None:
+    """A frame too large, a request that does not decode, and idling each close the
+    connection with a log line naming the client's host:port."""
+    import logging
+    import struct
+
+    caplog.set_level(logging.INFO, logger="mqstore.broker.server")
+    store = open_engine("commitlog", tmp_path / "store")
+    config = BrokerConfig(port=0, frame_bytes_max=1024, idle_timeout_ms=300)
+    frames = {
+        "frame of": struct.pack(">i", 4096),
+        "does not decode": struct.pack(">ihhi", 8, 3, 8, 1),  # Metadata v8, body missing
+        "idle": b"",
+    }
+    with Broker(store, config) as broker:
+        for cause, frame in frames.items():
+            with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as conn:
+                conn.sendall(frame)
+                assert read_frame(conn) is None
+                client = f"127.0.0.1:{conn.getsockname()[1]}"
+            time.sleep(0.05)
+            assert any(
+                client in r.getMessage() and cause in r.getMessage() for r in caplog.records
+            ), (cause, [r.getMessage() for r in caplog.records])
+    store.close()
