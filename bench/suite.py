@@ -32,6 +32,11 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
         ["--mib", "1024", "--rounds", "5", "--body-bytes", "1024", "100"],
     ),
     ("broker", ["--rounds", "3"], ["--rounds", "5"]),
+    (
+        "compaction",
+        ["--rounds", "3"],
+        ["--rounds", "3", "--records", "10000000", "--keys", "1000000"],
+    ),
 )
 
 

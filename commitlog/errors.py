@@ -15,6 +15,7 @@ __all__ = [
     "ConfigError",
     "InvalidArgumentError",
     "InvalidTypeError",
+    "InvalidRecordError",
     "CorruptDataError",
     "LimitExceededError",
     "OffsetOutOfRangeError",
@@ -42,6 +43,11 @@ class ConfigError(StoreError, ValueError):
 
 class InvalidArgumentError(StoreError, ValueError):
     """An argument has the right type but a value the store refuses (a bad topic name...)."""
+
+
+class InvalidRecordError(InvalidArgumentError):
+    """A record the topic refuses (Kafka's INVALID_RECORD): a record without a key
+    on a compacted topic. Nothing of its batch is appended."""
 
 
 class InvalidTypeError(StoreError, TypeError):

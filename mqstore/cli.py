@@ -43,7 +43,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-from mqstore import cli_consume, cli_dump, cli_produce, cli_verify
+from mqstore import cli_compact, cli_consume, cli_dump, cli_produce, cli_verify
 from mqstore.cli_credentials import add_credentials_options, add_security_options
 from mqstore.cli_store import (
     CONFIG_ENV,
@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     credentials = command("credentials", "manage the broker's SASL users", _cmd_credentials)
     add_credentials_options(credentials)
 
+    cli_compact.add_compact(commands, common)
     command("verify", "check every record checksum and ConsumeQueue unit", _cmd_verify)
     stats = command("stats", "sizes, files, queues, dispatch lag and open files", _cmd_stats)
     stats.add_argument(
@@ -240,15 +241,21 @@ def _add_topics(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     create.add_argument("--retention-bytes", type=int, help="per partition; -1: no limit")
     create.add_argument("--if-not-exists", action="store_true", help="no error if it exists")
+
     listing = actions.add_parser("list", help="list topic names", parents=[common])
     listing.set_defaults(handler=_cmd_topics_list)
     describe = actions.add_parser("describe", help="settings and offsets", parents=[common])
     describe.set_defaults(handler=_cmd_topics_describe)
     describe.add_argument("topics", nargs="*", metavar="TOPIC", help="default: every topic")
-    alter = actions.add_parser("alter", help="add partitions", parents=[common])
+    alter = actions.add_parser("alter", help="add partitions, change settings", parents=[common])
     alter.set_defaults(handler=_cmd_topics_alter)
     alter.add_argument("topic")
-    alter.add_argument("--partitions", type=_positive, required=True, help="the new count")
+    alter.add_argument("--partitions", type=_positive, help="the new count")
+    for parser in (create, alter):
+        parser.add_argument(
+            "--topic-config", action="append", default=[], metavar="KEY=VALUE",
+            help="a Kafka topic setting, e.g. cleanup.policy=compact (repeatable)",
+        )  # fmt: skip
 
 
 _EPILOG = """\
@@ -377,6 +384,7 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
                 timestamp_type=args.timestamp_type,
                 retention_ms=args.retention_ms,
                 retention_bytes=args.retention_bytes,
+                topic_configs=cli_compact.topic_configs(args.topic_config),
             )
         topic = store.describe_topic(topic.name)  # with the retention in force
     text = (
@@ -420,10 +428,11 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
                 f"Topic: {name}\tPartitions: {topic.partitions}\tTimestampType: "
                 f"{topic.timestamp_type}\tRetentionMs: {retention_ms}\tRetentionBytes: "
                 f"{retention_bytes}\tCreated: {_iso(topic.created_ms)}"
-            )
+            ) + cli_compact.describe_compaction(topic)
             for p, lo, hi in ranges:
                 text += f"\n\tPartition: {p}\tEarliestOffset: {lo}\tLatestOffset: {hi}"
             data = {"name": name, **topic.to_json(), **effective, "offsets": offsets}
+            data["configs"] = topic.kafka_configs()
             emit(args, data, text)
     return EXIT_OK
 
@@ -439,9 +448,17 @@ def _iso(epoch_ms: int) -> str:
 
 
 def _cmd_topics_alter(args: argparse.Namespace) -> int:
+    configs = cli_compact.topic_configs(args.topic_config)
+    if args.partitions is None and not configs:
+        raise CliError("topics alter needs --partitions N or --topic-config KEY=VALUE")
     with open_store(args, write=True) as store:
-        topic = store.add_partitions(args.topic, args.partitions)
-    text = f"topic {topic.name} now has {topic.partitions} partitions"
+        if configs:
+            topic = store.alter_topic(args.topic, configs)
+        if args.partitions is not None:
+            topic = store.add_partitions(args.topic, args.partitions)
+    text = f"topic {topic.name} now has {topic.partitions} partitions, " + ", ".join(
+        f"{key}={value}" for key, value in topic.kafka_configs().items()
+    )
     emit(args, {"name": topic.name, **topic.to_json()}, text)
     return EXIT_OK
 

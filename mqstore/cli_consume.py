@@ -76,7 +76,7 @@ def consume(store: Any, args: argparse.Namespace, positions: dict[int, int]) -> 
                 if wanted <= 0:
                     break
                 records = store.read_records(args.topic, partition, offset, wanted)
-                assert not records or records[0].offset == offset  # offsets are dense
+                assert not records or records[0].offset >= offset  # compaction leaves gaps
                 assert len(records) <= wanted
                 for record in records:
                     print_record(args, partition, record)

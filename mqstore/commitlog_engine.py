@@ -22,7 +22,7 @@ does. Reads never create a topic: an unknown topic or partition is UnknownTopicE
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,7 @@ from mqstore.engine import (
 from mqstore.message import Message
 from mqstore.offsets import OffsetStore
 from mqstore.retention import hours_to_ms
-from mqstore.topics import PARTITIONS_MAX, TopicConfig
+from mqstore.topics import PARTITIONS_MAX, TopicConfig, check_topic_config, parse_kafka_configs
 
 if TYPE_CHECKING:
     import threading
@@ -138,6 +138,7 @@ class CommitLogEngine:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         cleanup_policy: str = "delete",
+        topic_configs: Mapping[str, object] | None = None,
     ) -> TopicConfig:
         """Create a topic with ``partitions`` partitions (queues 0..partitions-1).
 
@@ -147,22 +148,38 @@ class CommitLogEngine:
                 created with another), else ms. ``describe_topic`` shows the value
                 in force.
             retention_bytes: per partition; -1 or left out: no limit.
+            cleanup_policy: only "delete" here: this engine has no compaction yet.
+            topic_configs: Kafka-named settings (``mqstore.topics.KAFKA_TOPIC_CONFIGS``);
+                the compaction ones are stored, and unused until compaction lands.
 
         Raises:
-            InvalidArgumentError: the topic exists, or a setting is invalid.
+            InvalidArgumentError: the topic exists, or a setting is invalid, or
+                ``cleanup_policy`` asks for compaction.
         """
         self._check_writable()
         if self.topics.get(name) is not None:
             raise InvalidArgumentError(f"topic {name!r} already exists")
-        config = TopicConfig(
-            name=name,
-            partitions=partitions,
-            timestamp_type=timestamp_type,  # type: ignore[arg-type]
-            retention_ms=retention_ms,
-            retention_bytes=retention_bytes,
-            cleanup_policy=cleanup_policy,  # type: ignore[arg-type]
-        )
+        fields: dict[str, Any] = dict(
+            timestamp_type=timestamp_type, retention_ms=retention_ms,
+            retention_bytes=retention_bytes, cleanup_policy=cleanup_policy,
+        )  # fmt: skip
+        fields.update(parse_kafka_configs(name, topic_configs or {}))
+        config = TopicConfig(name=name, partitions=partitions, **fields)
+        _refuse_compaction(config)
         return self.topics.put(config)
+
+    def alter_topic(self, name: str, topic_configs: Mapping[str, object]) -> TopicConfig:
+        """Change Kafka-named topic settings (``retention.ms``...).
+
+        Raises:
+            UnknownTopicError: no such topic.
+            InvalidArgumentError: a bad name or value, or compaction asked for.
+        """
+        self._check_writable()
+        altered = attrs.evolve(self._topic_config(name), **parse_kafka_configs(name, topic_configs))
+        check_topic_config(altered)
+        _refuse_compaction(altered)
+        return self.topics.put(altered)
 
     def list_topics(self) -> dict[str, TopicConfig]:
         if self.read_only:
@@ -450,3 +467,14 @@ def _sizes(offsets: np.ndarray, valid: np.ndarray, any_valid: bool) -> list[int]
         return [-1] * len(valid)
     lengths = np.diff(offsets)
     return (lengths if valid.all() else np.where(valid, lengths, -1)).tolist()
+
+
+def _refuse_compaction(config: TopicConfig) -> None:
+    """The shared CommitLog cannot be compacted per topic yet (issue 17's CommitLog
+    part, RocketMQ's compaction log, comes later): refuse rather than keep every
+    record while claiming to compact."""
+    if config.compacted:
+        raise InvalidArgumentError(
+            f"topic {config.name!r}: cleanup_policy {config.cleanup_policy!r} is not "
+            "supported by the CommitLog engine yet (use the segmented engine)"
+        )

@@ -6,7 +6,8 @@ Two engines implement it: ``MessageStore`` (the CommitLog design) and
 against either, so benchmarks compare designs, not adapters.
 
 Semantics every engine keeps, as in Kafka:
-- offsets of a partition are dense from the log start offset; ``latest_offset`` is
+- offsets of a partition are dense from the log start offset (on a compacted
+  topic, compaction leaves gaps: a read returns the next record); ``latest_offset`` is
   the next offset to be written (the log end offset), ``earliest_offset`` the log
   start offset after retention;
 - ``offset_for_timestamp`` gives the first offset (in offset order) whose timestamp
@@ -19,7 +20,7 @@ Semantics every engine keeps, as in Kafka:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import attrs
@@ -119,6 +120,7 @@ class Engine(Protocol):
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         cleanup_policy: str = "delete",
+        topic_configs: Mapping[str, object] | None = None,
     ) -> TopicConfig: ...
 
     def list_topics(self) -> dict[str, TopicConfig]: ...

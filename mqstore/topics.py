@@ -19,6 +19,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import attrs
@@ -27,19 +28,53 @@ from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
+    InvalidRecordError,
     InvalidTypeError,
     ReadOnlyStoreError,
 )
 from mqstore.commitlog.record import validate_topic
 
-__all__ = ["TopicConfig", "TopicRegistry", "TOPICS_NAME"]
+__all__ = [
+    "KAFKA_TOPIC_CONFIGS",
+    "TOPICS_NAME",
+    "TopicConfig",
+    "TopicRegistry",
+    "check_keyed",
+    "check_topic_config",
+    "parse_kafka_configs",
+]
 
 TOPICS_NAME: Final = "topics"
 FORMAT: Final = "mqstore-topics"
 VERSION: Final = 1
 PARTITIONS_MAX: Final = 1 << 20  # queue ids are int32; a million partitions is plenty
 TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
-CLEANUP_POLICIES: Final = ("delete",)
+CLEANUP_POLICIES: Final = ("delete", "compact", "compact,delete")  # Kafka's names
+DAY_MS: Final = 86_400_000
+FOREVER_MS: Final = 2**63 - 1  # Kafka's Long.MAX_VALUE: max.compaction.lag.ms's default
+# Kafka topic config name -> TopicConfig field (values are strings, as in Kafka).
+KAFKA_TOPIC_CONFIGS: Final = {
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "cleanup.policy": "cleanup_policy",
+    "message.timestamp.type": "timestamp_type",
+    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
+    "delete.retention.ms": "delete_retention_ms",
+}
+_INT_CONFIGS: Final = frozenset(
+    {"retention.ms", "retention.bytes", "min.compaction.lag.ms", "max.compaction.lag.ms",
+     "delete.retention.ms"}
+)  # fmt: skip
+# Compaction settings are persisted only when they differ from Kafka's defaults, so
+# a topics file without compaction stays as it was.
+_COMPACTION_DEFAULTS: Final = {
+    "min_cleanable_dirty_ratio": 0.5,
+    "min_compaction_lag_ms": 0,
+    "max_compaction_lag_ms": FOREVER_MS,
+    "delete_retention_ms": DAY_MS,
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -48,7 +83,11 @@ class TopicConfig:
 
     ``retention_ms``: -1 keeps records for ever, None (left out) takes the store's
     default (``retention_hours``), else the age in ms. ``retention_bytes``: per
-    partition; -1 or None, no limit. ``describe_topic`` also fills the
+    partition; -1 or None, no limit. ``cleanup_policy``: "delete" (retention),
+    "compact" (keep the latest record per key) or "compact,delete" (both); the
+    compaction settings have Kafka's meanings and defaults (min.cleanable.dirty.ratio
+    0.5, min.compaction.lag.ms 0, max.compaction.lag.ms forever, delete.retention.ms
+    one day). ``describe_topic`` also fills the
     ``effective_*`` fields: the value in force and where it comes from ("topic" or
     the store setting); they are never persisted and never compared.
     """
@@ -58,8 +97,12 @@ class TopicConfig:
     timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
     retention_ms: int | None = None
     retention_bytes: int | None = None
-    cleanup_policy: Literal["delete"] = "delete"
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
     created_ms: int = 0
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = FOREVER_MS
+    delete_retention_ms: int = DAY_MS
     effective_retention_ms: int | None = attrs.field(default=None, eq=False)
     effective_retention_ms_source: str | None = attrs.field(default=None, eq=False)
     effective_retention_bytes: int | None = attrs.field(default=None, eq=False)
@@ -69,7 +112,24 @@ class TopicConfig:
         """The persisted fields (not the name, not the ``effective_*`` ones)."""
         data = attrs.asdict(self, filter=lambda field, _: field.name not in _DESCRIBED)
         del data["name"]
+        for name, default in _COMPACTION_DEFAULTS.items():
+            if data[name] == default:
+                del data[name]
         return data
+
+    @property
+    def compacted(self) -> bool:
+        """Whether the cleanup policy includes "compact"."""
+        return self.cleanup_policy in ("compact", "compact,delete")
+
+    @property
+    def deletes(self) -> bool:
+        """Whether the cleanup policy includes "delete" (retention applies)."""
+        return self.cleanup_policy in ("delete", "compact,delete")
+
+    def kafka_configs(self) -> dict[str, Any]:
+        """The Kafka-named settings (``topics describe``)."""
+        return {kafka: getattr(self, field) for kafka, field in KAFKA_TOPIC_CONFIGS.items()}
 
     def described(self, default_retention_ms: int, default_source: str) -> TopicConfig:
         """This config with its ``effective_*`` fields filled in, given the store's
@@ -107,7 +167,7 @@ def check_topic_config(config: TopicConfig) -> None:
         raise InvalidArgumentError(f"timestamp_type must be one of {TIMESTAMP_TYPES}")
     if config.cleanup_policy not in CLEANUP_POLICIES:
         raise InvalidArgumentError(
-            f"cleanup_policy {config.cleanup_policy!r} is not supported (only 'delete')"
+            f"cleanup_policy {config.cleanup_policy!r} is not one of {CLEANUP_POLICIES}"
         )
     for name in ("retention_ms", "retention_bytes"):
         value = getattr(config, name)
@@ -115,6 +175,62 @@ def check_topic_config(config: TopicConfig) -> None:
             raise InvalidTypeError(f"{name} must be an int or None")
         if value is not None and value < -1:
             raise InvalidArgumentError(f"{name} must be -1 (unlimited), >= 0, or None")
+    ratio = config.min_cleanable_dirty_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float):
+        raise InvalidTypeError("min_cleanable_dirty_ratio must be a number")
+    if not 0.0 <= ratio <= 1.0:
+        raise InvalidArgumentError(f"min.cleanable.dirty.ratio {ratio} is not in [0, 1]")
+    for name, low in (
+        ("min_compaction_lag_ms", 0), ("max_compaction_lag_ms", 1), ("delete_retention_ms", 0)
+    ):  # fmt: skip
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTypeError(f"{name} must be an int")
+        if not low <= value <= FOREVER_MS:
+            raise InvalidArgumentError(f"{name} {value} is not in [{low}, {FOREVER_MS}]")
+
+
+def check_keyed(topic: str, records: Sequence[Any]) -> None:
+    """Refuse a batch holding a record without a key: ``topic`` is compacted
+    (Kafka's LogValidator: "Compacted topic cannot accept message without key").
+
+    Raises:
+        InvalidRecordError: a record's ``key`` is None.
+    """
+    for index, record in enumerate(records):
+        if getattr(record, "key", None) is None:
+            raise InvalidRecordError(
+                f"compacted topic {topic!r} cannot accept a record without a key "
+                f"(record {index} of the batch; nothing was appended)"
+            )
+
+
+def parse_kafka_configs(topic: str, configs: Mapping[str, object]) -> dict[str, Any]:
+    """TopicConfig fields from Kafka-named settings (``{"cleanup.policy": "compact"}``);
+    values may be strings, as Kafka's are, or already numbers.
+
+    Raises:
+        InvalidArgumentError: an unknown name or a value that does not parse.
+    """
+    fields: dict[str, Any] = {}
+    for name, raw in configs.items():
+        field = KAFKA_TOPIC_CONFIGS.get(name)
+        if field is None:
+            raise InvalidArgumentError(
+                f"topic {topic!r}: config {name!r} is not supported (supported: "
+                f"{', '.join(sorted(KAFKA_TOPIC_CONFIGS))})"
+            )
+        try:
+            if name in _INT_CONFIGS:
+                value: Any = raw if isinstance(raw, int) else int(str(raw))
+            elif field == "min_cleanable_dirty_ratio":
+                value = float(raw) if isinstance(raw, int | float | str) else raw
+            else:
+                value = raw
+        except ValueError:
+            raise InvalidArgumentError(f"topic {topic!r}: {name}={raw!r} is not a number") from None
+        fields[field] = value
+    return fields
 
 
 class TopicRegistry:

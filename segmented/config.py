@@ -25,6 +25,7 @@ SEGMENT_BYTES_MIN: Final = 1 * KIB  # small enough for tests that roll every few
 INDEX_MAX_BYTES_MIN: Final = 24  # two time index entries: one, plus the slot kept for the roll
 MESSAGE_SIZE_MIN_BYTES: Final = 128  # a batch header (61 B) plus a small record
 MESSAGE_SIZE_MAX_BYTES: Final = 256 * MIB  # one batch is encoded in memory at once
+CLEANER_BUFFER_MIN_BYTES: Final = 1 * KIB  # a few keys: tests fill the map on purpose
 
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
 
@@ -89,6 +90,11 @@ class SegmentedConfig:
         auto_create_topics: a write to a topic that does not exist creates it with
             auto_create_topic_partitions partitions (auto.create.topics.enable,
             num.partitions); False refuses it with UnknownTopicError.
+        cleaner_enable: run the log cleaner on compacted topics (log.cleaner.enable).
+        cleaner_dedupe_buffer_bytes: memory for the cleaner's key map
+            (log.cleaner.dedupe.buffer.size); a full map cleans what it mapped.
+        cleaner_backoff_ms: the cleaner's period, and its wait when it found nothing
+            to clean (log.cleaner.backoff.ms).
     """
 
     segment_bytes: int = attrs.field(default=GIB, validator=_int(SEGMENT_BYTES_MIN, INT32_MAX))
@@ -115,3 +121,8 @@ class SegmentedConfig:
     inactive_index_maps_max: int = attrs.field(default=1024, validator=_int(2, 100_000))
     auto_create_topics: bool = attrs.field(default=True, validator=_bool)
     auto_create_topic_partitions: int = attrs.field(default=1, validator=_int(1, 1 << 20))
+    cleaner_enable: bool = attrs.field(default=True, validator=_bool)
+    cleaner_dedupe_buffer_bytes: int = attrs.field(
+        default=128 * MIB, validator=_int(CLEANER_BUFFER_MIN_BYTES, 64 * GIB)
+    )
+    cleaner_backoff_ms: int = attrs.field(default=15_000, validator=_int(1, DAY_MS))

@@ -1,7 +1,10 @@
 """Loading one partition directory at open (Kafka's LogLoader).
 
-1. Remove leftovers: ``*.deleted`` files (a deletion the last run did not finish) and
-   index files without their ``.log``.
+1. Remove leftovers: ``*.deleted`` files (a deletion the last run did not finish),
+   ``*.cleaned`` files (a cleaning pass cut short before its commit point) and index
+   files without their ``.log``; complete every ``*.swap`` (a cleaned segment that
+   was committed): delete the segment files whose base offset lies in the swapped
+   segment's offset range, then drop the ``.swap`` suffix (Kafka's LogLoader).
 2. Load every segment in base offset order; a missing or insane index is rebuilt
    from its ``.log`` (``LogSegment.load``).
 3. After a clean shutdown, trust the files: the log end offset is read by scanning
@@ -28,13 +31,18 @@ import attrs
 
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.segmented.files import (
+    CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
+    fsync_directory,
     parse_base_offset,
+    segment_path,
 )
 from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.record_batch import HEADER, HEADER_SIZE, MAGIC, BatchHeader
 from mqstore.segmented.segment import LogSegment, SegmentSettings
 
 __all__ = ["LoadedLog", "load_partition"]
@@ -153,9 +161,57 @@ def _delete(segments: list[LogSegment]) -> None:
         assert destroyed  # nobody reads while the store opens
 
 
+def _complete_swaps(directory: str) -> None:
+    """Delete ``*.cleaned`` files; finish the swap of every ``<base>.log.swap``."""
+    names = os.listdir(directory)
+    for name in names:
+        if name.endswith(CLEANED_SUFFIX):
+            log.info("removing unfinished cleaning output %s", os.path.join(directory, name))
+            os.unlink(os.path.join(directory, name))
+    swapped = [name for name in names if name.endswith(LOG_SUFFIX + SWAP_SUFFIX)]
+    for name in sorted(swapped):
+        base = parse_base_offset(name[: -len(SWAP_SUFFIX)], LOG_SUFFIX)
+        if base is None:
+            continue
+        last_offset = _last_offset(os.path.join(directory, name), base)
+        for other in os.listdir(directory):
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                other_base = parse_base_offset(other, suffix)
+                if other_base is not None and base <= other_base <= last_offset:
+                    os.unlink(os.path.join(directory, other))  # replaced by the swap
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX):  # the .log last
+            final = segment_path(directory, base, suffix)
+            if os.path.exists(final + SWAP_SUFFIX):
+                os.rename(final + SWAP_SUFFIX, final)
+        log.warning("%s: completed the swap of a cleaned segment", os.path.join(directory, name))
+    for name in os.listdir(directory):
+        if name.endswith(SWAP_SUFFIX):  # an index swap whose .log never reached .swap
+            os.unlink(os.path.join(directory, name))
+    fsync_directory(directory)
+
+
+def _last_offset(path: str, base_offset: int) -> int:
+    """The last offset of the batches in the file at ``path`` (``base_offset`` if it
+    holds none); stops at the first batch that does not validate."""
+    last_offset = base_offset
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        position = 0
+        while position + HEADER_SIZE <= size:  # headers only: a segment may be 1 GiB
+            header = BatchHeader._make(
+                HEADER.unpack(os.pread(handle.fileno(), HEADER_SIZE, position))
+            )
+            if header.magic != MAGIC or header.size < HEADER_SIZE or position + header.size > size:
+                break
+            last_offset = max(last_offset, header.last_offset)
+            position += header.size
+    return last_offset
+
+
 def _remove_leftovers(directory: str) -> list[int]:
-    """Delete ``*.deleted`` and orphaned index files; return the base offsets of
-    the ``.log`` files, sorted."""
+    """Delete ``*.deleted``, ``*.cleaned`` and orphaned index files, complete the
+    swaps; return the base offsets of the ``.log`` files, sorted."""
+    _complete_swaps(directory)
     names = os.listdir(directory)
     bases = {parse_base_offset(name, LOG_SUFFIX) for name in names} - {None}
     for name in names:

@@ -37,6 +37,7 @@ import attrs
 
 from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreClosedError
 from mqstore.engine import EngineRecord
+from mqstore.segmented.files import CLEANED_SUFFIX, SWAP_SUFFIX, fsync_directory
 from mqstore.segmented.index_file import MappedIndexCache
 from mqstore.segmented.log_loader import LoadedLog
 from mqstore.segmented.record_batch import set_base_offset
@@ -179,12 +180,16 @@ class PartitionLog:
             read_bytes += got_bytes
             if len(records) >= count_max or read_bytes >= bytes_max:
                 break
-            offset = records[-1].offset + 1 if records else offset
             i += 1
-            if offset < end_offset and (i == len(segments) or bases[i] != offset):
-                raise CorruptDataError(
-                    segment.log_path, segment.size_bytes, f"offset {offset} is missing"
-                )
+            if i == len(segments):
+                if offset < end_offset and not got:
+                    raise CorruptDataError(
+                        segment.log_path, segment.size_bytes, f"offset {offset} is missing"
+                    )
+                break
+            # The segment was read to its end: compaction may have left a gap after
+            # its last record, so the next offset is the next segment's base.
+            offset = bases[i]
         return records
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
@@ -333,11 +338,52 @@ class PartitionLog:
                 segment.mark_deleted()
         return deleted
 
+    # ------------------------------------------------------------------ compaction
+
+    def replace_segments(
+        self,
+        old: list[LogSegment],
+        new: LogSegment,
+        stage_hook: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Swap the cleaned segment ``new`` (files ``*.cleaned``, flushed) in for the
+        consecutive segments ``old`` (Kafka's replaceSegments): rename ``new``
+        ``*.swap`` (the commit point), rename ``old`` ``*.deleted`` (the caller
+        destroys them later), then drop ``new``'s suffix. False, changing nothing,
+        if retention removed one of ``old`` meanwhile (the caller deletes ``new``).
+        ``stage_hook`` is called after each step (crash tests).
+        """
+        with self._lock:
+            segments = self.segments
+            try:
+                first = segments.index(old[0])
+            except ValueError:
+                return False
+            if segments[first : first + len(old)] != old or first + len(old) >= len(segments):
+                return False
+            assert new.base_offset == old[0].base_offset
+            new.change_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
+            fsync_directory(self.directory)
+            _hook(stage_hook, "swap")
+            for segment in old:
+                segment.mark_deleted()
+            _hook(stage_hook, "deleted")
+            new.change_suffix(SWAP_SUFFIX, "")
+            fsync_directory(self.directory)
+            self._publish([*segments[:first], new, *segments[first + len(old) :]])
+            _hook(stage_hook, "swapped")
+        return True
+
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def segments(self) -> list[LogSegment]:
         return self._table[0]
+
+    @property
+    def index_cache(self) -> MappedIndexCache:
+        """The store's cache of mapped inactive indexes (the cleaner's new segments)."""
+        return self._cache
 
     @property
     def size_bytes(self) -> int:
@@ -365,3 +411,8 @@ class PartitionLog:
             self.closed = True
         for segment in self.segments:
             segment.close_files()
+
+
+def _hook(stage_hook: Callable[[str], None] | None, stage: str) -> None:
+    if stage_hook is not None:
+        stage_hook(stage)

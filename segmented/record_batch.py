@@ -8,9 +8,11 @@ Batch layout (big-endian; a 61-byte header, then the records)::
           12    4 partition_leader_epoch  0: one writer, never re-elected
           16    1 magic                   2
           17    4 crc                     CRC-32C (Castagnoli) of bytes 21 to the end
-          21    2 attributes              bits 0-2 compression (0 none), bit 3 LogAppendTime
-          23    4 last_offset_delta       records_count - 1 (offsets are dense here)
-          27    8 base_timestamp          the first record's timestamp
+          21    2 attributes              bits 0-2 compression (0 none), bit 3 LogAppendTime,
+                                          bit 6 delete horizon set (KIP-534)
+          23    4 last_offset_delta       records_count - 1, until compaction removes records
+          27    8 base_timestamp          the first record's timestamp; the delete horizon
+                                          when bit 6 is set (record deltas rebased on it)
           35    8 max_timestamp           the largest record timestamp, or the append
                                           time when bit 3 is set
           43    8 producer_id             -1: no idempotent producer
@@ -28,7 +30,13 @@ Record (varints are zig-zag, as protobuf's sint)::
 
 The CRC leaves out base_offset, length, epoch and magic: the writer fills in
 base_offset under the append lock without recomputing it. Recovery therefore also
-checks that base offsets run on without a gap (``check_batch`` does not).
+checks that base offsets never go back (``check_batch`` does not).
+
+Compaction (``segmented.cleaner``) rewrites a batch keeping its base offset and its
+last_offset_delta (Kafka keeps both for magic 2), so a cleaned batch holds fewer
+records than its offset span, its offset deltas leave gaps, and it may hold none
+(records_count 0: an empty batch kept for its last offset). Offsets between batches
+may leave gaps too. A batch whose records_count equals last_offset_delta + 1 is dense.
 
 Decoding errors never escape as IndexError or struct.error: they become
 ``MalformedBatchError`` here, and the segment that read the bytes turns that into
@@ -55,11 +63,13 @@ __all__ = [
     "build_batch",
     "check_batch",
     "check_crc",
+    "DELETE_HORIZON_MASK",
     "Decoded",
     "decode_batches",
     "decode_records",
     "encode_record",
     "read_varint",
+    "rebuild_batch",
     "set_base_offset",
     "zigzag_varint",
 ]
@@ -102,6 +112,7 @@ COMPRESSION_MASK: Final = 0x07
 TIMESTAMP_TYPE_MASK: Final = 0x08  # set: LogAppendTime
 TRANSACTIONAL_MASK: Final = 0x10
 CONTROL_MASK: Final = 0x20
+DELETE_HORIZON_MASK: Final = 0x40  # KIP-534: base_timestamp holds the delete horizon
 NO_PRODUCER_ID: Final = -1
 NO_PRODUCER_EPOCH: Final = -1
 NO_SEQUENCE: Final = -1
@@ -253,6 +264,29 @@ def build_batch(
     return batch
 
 
+def rebuild_batch(
+    header: BatchHeader, records: Sequence[bytes], attributes: int, base_timestamp_ms: int
+) -> bytearray:
+    """A batch holding ``records`` (encoded against ``base_timestamp_ms``) in place of
+    the batch ``header`` describes: the same base offset, last_offset_delta and max
+    timestamp, as Kafka's cleaner keeps them (magic 2), so the offsets of the batch
+    and of the segment never move. ``records`` may be empty (an empty batch)."""
+    body = b"".join(records)
+    covered = COVERED.pack(
+        attributes, header.last_offset_delta, base_timestamp_ms, header.max_timestamp,
+        header.producer_id, header.producer_epoch, header.base_sequence, len(records),
+    )  # fmt: skip
+    crc = crc32c(body, crc32c(covered))
+    size = HEADER_SIZE + len(body)
+    batch = bytearray(
+        PREFIX.pack(header.base_offset, size - LOG_OVERHEAD, header.partition_leader_epoch,
+                    MAGIC, crc)
+    )  # fmt: skip
+    batch += covered
+    batch += body
+    return batch
+
+
 def set_base_offset(batch: bytearray, base_offset: int) -> None:
     """Fill in base_offset (outside the CRC, so the CRC stays valid)."""
     BASE_OFFSET.pack_into(batch, 0, base_offset)
@@ -280,8 +314,8 @@ def check_batch(buffer: bytes, position: int, verify_crc: bool = True) -> BatchH
     """Validate the batch at ``position`` and return its header.
 
     Checks the size (it must lie inside ``buffer``), the magic, the CRC-32C, that it
-    is uncompressed and not transactional or control, and that records_count equals
-    last_offset_delta + 1.
+    is uncompressed and not transactional or control, and that records_count is in
+    [0, last_offset_delta + 1] (fewer after compaction).
 
     Raises:
         MalformedBatchError: any of those fails (``truncated`` when the buffer ends
@@ -297,10 +331,10 @@ def check_batch(buffer: bytes, position: int, verify_crc: bool = True) -> BatchH
         check_crc(buffer, position, header)
     if header.attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
         raise MalformedBatchError(position, f"unsupported attributes {header.attributes:#06x}")
-    if header.records_count < 1 or header.records_count != header.last_offset_delta + 1:
+    if not 0 <= header.records_count <= header.last_offset_delta + 1:
         raise MalformedBatchError(
             position,
-            f"records_count {header.records_count} does not match "
+            f"records_count {header.records_count} does not fit "
             f"last_offset_delta {header.last_offset_delta}",
         )
     return header
@@ -327,8 +361,8 @@ def decode_records(
     records: list[EngineRecord] = []
     _decode_batch(
         buffer, position, header.base_offset, header.attributes, header.base_timestamp,
-        header.max_timestamp, header.crc, header.records_count, first_offset, count_max,
-        records,
+        header.max_timestamp, header.crc, header.records_count, header.last_offset_delta,
+        first_offset, count_max, records,
     )  # fmt: skip
     return records
 
@@ -350,11 +384,9 @@ def decode_batches(
 
     Batches that end before ``first_offset`` are stepped over on their first 27
     bytes; every batch records are taken from is checked in full (size, magic,
-    attributes, count, CRC-32C) first. The header of a stepped-over batch is not
-    under a checked CRC, so offsets must run on densely: a batch that starts past
-    the next offset wanted means records went missing, and is reported as malformed.
-    Stops when ``count_max`` records or
-    ``bytes_max`` bytes of batches were decoded (needed_bytes 0), or at a batch the
+    attributes, count, CRC-32C) first. A batch that starts past the next offset
+    wanted is a gap compaction left (offsets only grow). Stops when ``count_max``
+    records or ``bytes_max`` bytes of batches were decoded (needed_bytes 0), or at a batch the
     buffer does not hold whole (needed_bytes: its size, or a header's).
 
     Raises:
@@ -380,10 +412,6 @@ def decode_batches(
                 )
             if size > buffer_size - position:
                 return Decoded(records, position - start, decoded_bytes, size)
-            if base_offset > wanted:
-                raise MalformedBatchError(
-                    position, f"batch starts at offset {base_offset}, {wanted} is missing"
-                )
             if base_offset + last_delta >= wanted:
                 (*_, base_timestamp, max_timestamp, _, _, _, count) = HEADER.unpack_from(
                     buffer, position
@@ -391,12 +419,12 @@ def decode_batches(
                 _check_whole(view, position, size, crc, attributes, last_delta, count)
                 _decode_batch(
                     buffer, position, base_offset, attributes, base_timestamp, max_timestamp,
-                    crc, count, wanted, count_max - len(records), records,
+                    crc, count, last_delta, wanted, count_max - len(records), records,
                 )  # fmt: skip
                 decoded_bytes += size
-                wanted = base_offset + count
                 if len(records) >= count_max or decoded_bytes >= bytes_max:
                     return Decoded(records, position + size - start, decoded_bytes, 0)
+                wanted = base_offset + last_delta + 1  # the batch was taken whole
             position += size
 
 
@@ -412,9 +440,9 @@ def _check_whole(
     """``check_batch``'s checks, on fields already unpacked."""
     if attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
         raise MalformedBatchError(position, f"unsupported attributes {attributes:#06x}")
-    if count < 1 or count != last_delta + 1:
+    if not 0 <= count <= last_delta + 1:
         raise MalformedBatchError(
-            position, f"records_count {count} does not match last_offset_delta {last_delta}"
+            position, f"records_count {count} does not fit last_offset_delta {last_delta}"
         )
     actual = crc32c(view[position + ATTRIBUTES_POSITION : position + size])
     if actual != crc:
@@ -430,12 +458,15 @@ def _decode_batch(
     max_timestamp: int,
     crc: int,
     count: int,
+    last_delta: int,
     first_offset: int,
     count_max: int,
     out: list[EngineRecord],
 ) -> None:
     """Append the records of the checked batch at ``position`` from ``first_offset``
-    on, at most ``count_max``, to ``out``. Earlier records are skipped by their length.
+    on, at most ``count_max``, to ``out``. In a dense batch (record i at offset delta
+    i) earlier records are skipped by their length; in a compacted one, offset deltas
+    only have to grow, and records below ``first_offset`` are decoded and dropped.
 
     Zig-zag varints are decoded inline when they fit in one byte (lengths below 64,
     small deltas): a function call per field would cost more than the decoding.
@@ -446,15 +477,21 @@ def _decode_batch(
         timestamp_type, append_time = TIMESTAMP_LOG_APPEND_TIME, max_timestamp
     else:
         timestamp_type, append_time = TIMESTAMP_CREATE_TIME, -1
-    skip = max(0, first_offset - base_offset)
-    take = min(count - skip, count_max)
+    dense = count == last_delta + 1
+    skip = max(0, first_offset - base_offset) if dense else 0
+    taken = 0
+    previous_delta = -1
+    index = skip - 1
     varint = read_varint
     cursor = position + HEADER_SIZE
     try:
         for _ in range(skip):
             length, cursor = varint(buffer, cursor)
             cursor += length
-        for index in range(skip, skip + take):
+        for index in range(skip, count):
+            if taken >= count_max:
+                index -= 1
+                break
             length, cursor = varint(buffer, cursor)
             record_end = cursor + length
             byte = buffer[cursor + 1]  # after the attributes byte: timestamp delta
@@ -463,8 +500,9 @@ def _decode_batch(
             else:
                 timestamp_delta, cursor = varint(buffer, cursor + 1)
             offset_delta, cursor = varint(buffer, cursor)
-            if offset_delta != index:
+            if offset_delta != index if dense else not previous_delta < offset_delta <= last_delta:
                 raise MalformedBatchError(cursor, f"offset delta {offset_delta} at record {index}")
+            previous_delta = offset_delta
             byte = buffer[cursor]
             if byte < 0x80:
                 key_size, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
@@ -493,9 +531,12 @@ def _decode_batch(
                 headers, header_size, cursor = _decode_headers(buffer, cursor, header_count)
             if cursor != record_end or record_end > end:
                 raise MalformedBatchError(cursor, f"record {index} does not fill its length")
+            if base_offset + offset_delta < first_offset:
+                continue
+            taken += 1
             out.append(
                 EngineRecord(
-                    base_offset + index,
+                    base_offset + offset_delta,
                     append_time if append_time >= 0 else base_timestamp + timestamp_delta,
                     timestamp_type, key, value, headers, crc,
                     -1 if key is None else key_size, -1 if value is None else value_size,
@@ -504,7 +545,7 @@ def _decode_batch(
             )  # fmt: skip
     except (IndexError, UnicodeDecodeError, struct.error) as error:
         raise MalformedBatchError(position, f"record does not decode: {error}") from None
-    if skip + take == count and cursor != end:
+    if index == count - 1 and cursor != end:
         raise MalformedBatchError(cursor, f"{end - cursor} bytes left over after the records")
 
 

@@ -15,7 +15,8 @@ Look-ups go index first, then scan batch headers from the position found, as Kaf
 header.
 
 Crash policy: ``recover`` validates every batch (size, magic, CRC-32C, record count,
-and base offsets running on without a gap: the CRC does not cover the base offset),
+and base offsets that never go back: the CRC does not cover the base offset; gaps are
+legal, compaction leaves them),
 rebuilds both indexes, and truncates the file at the first bad batch.
 
 File descriptors: one for the ``.log`` for the segment's life (Kafka keeps every
@@ -94,9 +95,10 @@ class LogSegment:
         cache: MappedIndexCache,
         offset_index: OffsetIndex,
         time_index: TimeIndex,
+        suffix: str = "",
     ) -> None:
         self.base_offset = base_offset
-        self.log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        self.log_path = segment_path(directory, base_offset, LOG_SUFFIX) + suffix
         self.settings = settings
         self.offset_index = offset_index
         self.time_index = time_index
@@ -118,20 +120,28 @@ class LogSegment:
 
     @classmethod
     def create(
-        cls, directory: str, base_offset: int, settings: SegmentSettings, cache: MappedIndexCache
+        cls,
+        directory: str,
+        base_offset: int,
+        settings: SegmentSettings,
+        cache: MappedIndexCache,
+        suffix: str = "",
     ) -> LogSegment:
-        """A new empty active segment (indexes preallocated and mapped)."""
-        log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        """A new empty active segment (indexes preallocated and mapped). ``suffix``
+        follows every file name (the cleaner writes ``.cleaned`` segments)."""
+        log_path = segment_path(directory, base_offset, LOG_SUFFIX) + suffix
         fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         os.close(fd)
         max_bytes = settings.index_max_bytes
         offset_index = OffsetIndex.create(
-            segment_path(directory, base_offset, INDEX_SUFFIX), base_offset, max_bytes
+            segment_path(directory, base_offset, INDEX_SUFFIX) + suffix, base_offset, max_bytes
         )
         time_index = TimeIndex.create(
-            segment_path(directory, base_offset, TIME_INDEX_SUFFIX), base_offset, max_bytes
+            segment_path(directory, base_offset, TIME_INDEX_SUFFIX) + suffix,
+            base_offset,
+            max_bytes,
         )
-        return cls(directory, base_offset, settings, cache, offset_index, time_index)
+        return cls(directory, base_offset, settings, cache, offset_index, time_index, suffix)
 
     @classmethod
     def load(
@@ -227,7 +237,9 @@ class LogSegment:
             self.offset_of_max_timestamp = last_offset
         if position == 0:
             self.rolling_timestamp_ms = max_timestamp_ms
-        if self._bytes_since_index_entry > self.settings.index_interval_bytes:
+        if self._bytes_since_index_entry > self.settings.index_interval_bytes and not (
+            self.offset_index.is_full or self.time_index.is_full  # a cleaned segment's
+        ):  # merged input may need more entries than fit: its scans then go longer
             self.offset_index.append(last_offset, position)
             self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
             self._bytes_since_index_entry = 0
@@ -388,9 +400,9 @@ class LogSegment:
         expected_offset = self.base_offset
         try:
             for position, header, _, _ in self._batches(0, file_size, verify_crc=True):
-                if header.base_offset != expected_offset:
+                if header.base_offset < expected_offset:  # gaps: compaction removed batches
                     raise MalformedBatchError(
-                        position, f"base offset {header.base_offset}, expected {expected_offset}"
+                        position, f"base offset {header.base_offset}, expected {expected_offset}+"
                     )
                 if header.last_offset - self.base_offset > INT32_MAX:
                     raise MalformedBatchError(position, "offset beyond the segment's int32 range")
@@ -473,6 +485,18 @@ class LogSegment:
         with self._pin_lock:
             assert self._pins > 0
             self._pins -= 1
+
+    def change_suffix(self, old_suffix: str, new_suffix: str) -> None:
+        """Rename the three files from ``<name><old_suffix>`` to ``<name><new_suffix>``
+        (the cleaner's ``.cleaned`` -> ``.swap`` -> final steps); the ``.log`` last,
+        as the loader keys its recovery on it."""
+        assert self.log_path.endswith(old_suffix)
+        for index in (self.offset_index, self.time_index):
+            assert index.path.endswith(old_suffix)
+            index.rename(index.path[: len(index.path) - len(old_suffix)] + new_suffix)
+        new_path = self.log_path[: len(self.log_path) - len(old_suffix)] + new_suffix
+        os.rename(self.log_path, new_path)
+        self.log_path = new_path
 
     def mark_deleted(self) -> None:
         """Rename the files ``*.deleted``; readers already pinned keep reading."""

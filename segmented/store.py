@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -67,6 +67,7 @@ from mqstore.engine import AppendedRecord, EngineBatch, EngineRecord, ProducerRe
 from mqstore.offsets import OffsetStore
 from mqstore.segmented import batch_builder
 from mqstore.segmented.checkpoint import read_offsets, write_offsets
+from mqstore.segmented.cleaner import CleanResult
 from mqstore.segmented.config import SegmentedConfig
 from mqstore.segmented.files import (
     CLEAN_SHUTDOWN_NAME,
@@ -76,11 +77,18 @@ from mqstore.segmented.files import (
     partition_directory,
 )
 from mqstore.segmented.index_file import MappedIndexCache
+from mqstore.segmented.log_cleaner import LogCleaner
 from mqstore.segmented.log_loader import load_partition
 from mqstore.segmented.partition_log import LogSettings, PartitionLog
 from mqstore.segmented.segment import LogSegment, SegmentSettings
 from mqstore.services import Scheduler
-from mqstore.topics import TopicConfig, TopicRegistry, check_topic_config
+from mqstore.topics import (
+    TopicConfig,
+    TopicRegistry,
+    check_keyed,
+    check_topic_config,
+    parse_kafka_configs,
+)
 
 __all__ = ["SegmentedStore"]
 
@@ -124,6 +132,12 @@ class SegmentedStore:
             ),
         )
         self._sync = config.flush_mode == "sync"
+        self._cleaner = LogCleaner(
+            root, self._compacted_logs, self._delete_later, clock_ms,
+            segment_bytes=config.segment_bytes,
+            dedupe_buffer_bytes=config.cleaner_dedupe_buffer_bytes,
+            backoff_ms=config.cleaner_backoff_ms,
+        )  # fmt: skip
         # Kafka refuses a batch above max.message.bytes, or above segment.bytes.
         self._batch_size_max_bytes = min(config.max_message_size_bytes, config.segment_bytes)
         self.recovered_from_crash = False
@@ -224,7 +238,7 @@ class SegmentedStore:
                 ) from error
             raise
         partition_log = PartitionLog(
-            topic.name, partition, directory, self._log_settings, self._cache, loaded,
+            topic.name, partition, directory, self._settings_for(topic), self._cache, loaded,
             log_append_time=topic.timestamp_type == "LogAppendTime",
         )  # fmt: skip
         key = (topic.name, partition)
@@ -261,6 +275,8 @@ class SegmentedStore:
             config.retention_check_interval_ms, self.enforce_retention, "segmented-retention"
         )
         scheduler.every_ms(DELETE_CHECK_INTERVAL_MS, self.delete_expired_files, "segmented-delete")
+        if config.cleaner_enable:
+            scheduler.every_ms(config.cleaner_backoff_ms, self._cleaner.run, "segmented-cleaner")
         scheduler.start()
         self._scheduler = scheduler
 
@@ -336,8 +352,14 @@ class SegmentedStore:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         cleanup_policy: str = "delete",
+        topic_configs: Mapping[str, object] | None = None,
     ) -> TopicConfig:
         """Create a topic and its partition directories.
+
+        Args:
+            cleanup_policy: "delete", "compact" or "compact,delete" (Kafka's).
+            topic_configs: Kafka-named settings (``min.compaction.lag.ms``...,
+                ``mqstore.topics.KAFKA_TOPIC_CONFIGS``); they win over the arguments.
 
         Raises:
             InvalidArgumentError, InvalidTypeError: a bad name or setting, or the topic
@@ -345,17 +367,48 @@ class SegmentedStore:
             LimitExceededError: too many open files for its partitions.
         """
         self._check_open()
-        config = TopicConfig(
-            name=name, partitions=partitions, timestamp_type=timestamp_type,  # type: ignore[arg-type]
-            retention_ms=retention_ms, retention_bytes=retention_bytes,
-            cleanup_policy=cleanup_policy,  # type: ignore[arg-type]
+        fields: dict[str, Any] = dict(
+            timestamp_type=timestamp_type, retention_ms=retention_ms,
+            retention_bytes=retention_bytes, cleanup_policy=cleanup_policy,
         )  # fmt: skip
+        fields.update(parse_kafka_configs(name, topic_configs or {}))
+        config = TopicConfig(name=name, partitions=partitions, **fields)
         check_topic_config(config)
         with self._admin_lock:
             if self.topics.get(name) is not None:
                 raise InvalidArgumentError(f"topic {name!r} already exists")
             self._open_partitions(config, range(partitions))
             return self.topics.put(config)
+
+    def alter_topic(self, name: str, topic_configs: Mapping[str, object]) -> TopicConfig:
+        """Change Kafka-named topic settings (``cleanup.policy``,
+        ``max.compaction.lag.ms``...; kafka-configs --alter). Partitions keep their
+        data; a new roll time applies from the next append.
+
+        Raises:
+            UnknownTopicError: no such topic.
+            InvalidArgumentError, InvalidTypeError: a bad name or value.
+        """
+        self._check_open()
+        with self._admin_lock:
+            config = self.topics.get(name)
+            if config is None:
+                raise UnknownTopicError(f"unknown topic {name!r}")
+            altered = attrs.evolve(config, **parse_kafka_configs(name, topic_configs))
+            check_topic_config(altered)
+            altered = self.topics.put(altered)
+            for partition in range(altered.partitions):
+                self._logs[(name, partition)].settings = self._settings_for(altered)
+        self._cleaner.reset_failures(name)
+        return altered
+
+    def _settings_for(self, topic: TopicConfig) -> LogSettings:
+        """A compacted topic rolls at min(max.compaction.lag.ms, segment.ms), so its
+        head becomes cleanable in time (Kafka's LogConfig.maxSegmentMs)."""
+        if not topic.compacted:
+            return self._log_settings
+        segment_ms = min(self._log_settings.segment_ms, topic.max_compaction_lag_ms)
+        return attrs.evolve(self._log_settings, segment_ms=segment_ms)
 
     def list_topics(self) -> dict[str, TopicConfig]:
         return self.topics.all()
@@ -461,6 +514,8 @@ class SegmentedStore:
             UnknownTopicError: no such partition, or no such topic and
                 ``auto_create_topics`` is off (on, it is created first).
             InvalidTypeError, InvalidArgumentError: bad records (nothing appended).
+            InvalidRecordError: a record without a key on a compacted topic (Kafka's
+                INVALID_RECORD; nothing appended).
             LimitExceededError: the batch is over max_message_size_bytes or
                 segment_bytes (nothing appended).
             DiskFullError: no room (nothing appended).
@@ -469,9 +524,12 @@ class SegmentedStore:
             StoreClosedError: the store is closed.
         """
         self._check_open()
-        if self.topics.get(topic) is None:
-            self.topic_for_write(topic)  # auto-creates, or UnknownTopicError
+        config = self.topics.get(topic)
+        if config is None:
+            config = self.topic_for_write(topic)  # auto-creates, or UnknownTopicError
         partition_log = self._log(topic, partition)
+        if config.compacted:
+            check_keyed(topic, records)
         built = batch_builder.build(
             records, self._clock_ms(), partition_log.log_append_time, self._batch_size_max_bytes
         )
@@ -616,17 +674,61 @@ class SegmentedStore:
                 continue
             config = self.topics.get(topic)
             assert config is not None
+            if not config.deletes:  # "compact": only the log start offset (Kafka)
+                deleted += partition_log.delete_old_segments(now_ms, -1, -1)
+                continue
             deleted += partition_log.delete_old_segments(
                 now_ms,
                 _override(config.retention_ms, defaults.retention_ms),
                 _override(config.retention_bytes, defaults.retention_bytes),
             )
         if deleted:
-            due_ms = now_ms + defaults.file_delete_delay_ms
-            with self._pending_lock:
-                self._pending_deletes += [(due_ms, segment) for segment in deleted]
-            self.delete_expired_files()
+            self._delete_later(deleted)
         return len(deleted)
+
+    def _delete_later(self, segments: list[LogSegment]) -> None:
+        """Destroy segments renamed ``*.deleted`` after ``file_delete_delay_ms``."""
+        due_ms = self._clock_ms() + self.config.file_delete_delay_ms
+        with self._pending_lock:
+            self._pending_deletes += [(due_ms, segment) for segment in segments]
+        self.delete_expired_files()
+
+    def _compacted_logs(self) -> list[tuple[TopicConfig, PartitionLog]]:
+        """(topic, log) of every partition of a compacted topic (the cleaner's)."""
+        found = []
+        for (name, _), partition_log in list(self._logs.items()):
+            topic = self.topics.get(name)
+            if topic is not None and topic.compacted:
+                found.append((topic, partition_log))
+        return found
+
+    def compact(self, topic: str) -> list[CleanResult]:
+        """Run a cleaning pass now over every cleanable partition of ``topic``,
+        whatever its dirty ratio (``mqstore compact``); the active segment and the
+        head younger than min.compaction.lag.ms stay as they are.
+
+        Returns:
+            One result per partition cleaned (bytes read and written, keys...).
+
+        Raises:
+            UnknownTopicError: no such topic.
+            InvalidArgumentError: the topic is not compacted.
+            CorruptDataError: a batch did not validate (that partition is retried by
+                the scheduled cleaner with a backoff).
+        """
+        self._check_open()
+        config = self.describe_topic(topic)
+        if not config.compacted:
+            raise InvalidArgumentError(
+                f"topic {topic!r} has cleanup_policy {config.cleanup_policy!r}: nothing to "
+                "compact (alter it with cleanup.policy=compact)"
+            )
+        return self._cleaner.clean_topic(topic)
+
+    @property
+    def cleaner(self) -> LogCleaner:
+        """The log cleaner (its cleaner points, its stats)."""
+        return self._cleaner
 
     def delete_expired_files(self) -> int:
         """Remove the ``*.deleted`` files whose delay has passed and that no reader
@@ -652,6 +754,7 @@ class SegmentedStore:
             "pending_deletes": len(self._pending_deletes),
             "recovered_from_crash": self.recovered_from_crash,
             "open_ms": self.open_ms,
+            **self._cleaner.stats(),
         }
 
 

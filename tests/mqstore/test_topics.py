@@ -225,3 +225,50 @@ def test_the_spark_sink_follows_the_rule(tmp_path):
         assert store.describe_topic("sunk").partitions == 2
     with MessageStore.open(root, _off()) as store, pytest.raises(UnknownTopicError):
         _partitions_for_write(store, "other")
+
+
+# ---------------------------------------------------------------- compaction settings
+
+
+def test_compaction_settings_have_kafkas_defaults_and_persist_only_when_set(tmp_path):
+    from mqstore.commitlog.errors import InvalidArgumentError
+
+    with SegmentedStore.open(tmp_path / "k", SegmentedConfig()) as store:
+        plain = store.create_topic("plain")
+        assert (plain.min_cleanable_dirty_ratio, plain.min_compaction_lag_ms) == (0.5, 0)
+        assert plain.max_compaction_lag_ms == 2**63 - 1
+        assert plain.delete_retention_ms == 86_400_000
+        assert "delete_retention_ms" not in plain.to_json()  # old topics files unchanged
+        store.create_topic(
+            "table",
+            cleanup_policy="compact,delete",
+            topic_configs={"delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.1"},
+        )
+        with pytest.raises(InvalidArgumentError, match="not supported"):
+            store.create_topic("bad", topic_configs={"segment.jitter.ms": "1"})
+        with pytest.raises(InvalidArgumentError, match="not a number"):
+            store.create_topic("bad", topic_configs={"max.compaction.lag.ms": "soon"})
+        with pytest.raises(InvalidArgumentError, match="not in"):
+            store.create_topic("bad", topic_configs={"min.cleanable.dirty.ratio": "1.5"})
+        with pytest.raises(InvalidArgumentError, match="cleanup_policy"):
+            store.create_topic("bad", cleanup_policy="delete,compact")
+        altered = store.alter_topic("plain", {"cleanup.policy": "compact"})
+        assert altered.compacted and not altered.deletes
+    with SegmentedStore.open(tmp_path / "k", SegmentedConfig()) as store:
+        table = store.describe_topic("table")
+        assert table.compacted and table.deletes
+        assert (table.delete_retention_ms, table.min_cleanable_dirty_ratio) == (1000, 0.1)
+        assert store.describe_topic("plain").cleanup_policy == "compact"
+
+
+def test_the_commitlog_engine_refuses_compaction_until_it_has_one(open_store):
+    from mqstore.commitlog.errors import InvalidArgumentError
+
+    store = open_store()
+    with pytest.raises(InvalidArgumentError, match="CommitLog engine"):
+        store.create_topic("t", 1, topic_configs={"cleanup.policy": "compact"})
+    store.create_topic("t", 1, topic_configs={"retention.ms": "-1", "delete.retention.ms": "5"})
+    with pytest.raises(InvalidArgumentError, match="CommitLog engine"):
+        store.alter_topic("t", {"cleanup.policy": "compact,delete"})
+    assert store.alter_topic("t", {"retention.ms": "1000"}).retention_ms == 1000
+    assert store.describe_topic("t").cleanup_policy == "delete"

@@ -207,3 +207,19 @@ def test_indexes_stay_sparse_through_crash_recovery(open_store, tmp_path):
     assert store.latest_offset(TOPIC, 0) == 200
     assert index.stat().st_size == 1 << 20
     assert index.stat().st_blocks * 512 < 64 * 1024  # only the pages entries landed in
+
+
+def test_an_unfinished_cleaning_is_dropped_and_an_orphan_swap_index_too(open_store, tmp_path):
+    store = open_store()
+    store.create_topic(TOPIC)
+    _fill(store, 5)
+    store.close()
+    directory = tmp_path / "store" / f"{TOPIC}-0"
+    before = sorted(os.listdir(directory))
+    (directory / "00000000000000000000.log.cleaned").write_bytes(b"partial")
+    (directory / "00000000000000000000.index.cleaned").write_bytes(b"")
+    (directory / "00000000000000000000.index.swap").write_bytes(b"")  # its .log never got there
+    store = open_store()
+    assert _values(store) == [b"value-%04d" % i for i in range(5)]
+    store.close()
+    assert sorted(os.listdir(directory)) == before

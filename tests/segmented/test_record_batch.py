@@ -188,3 +188,53 @@ def test_header_layout_matches_kafka():
     assert fields[0] == 42 and fields[1] == len(data) - 12 and fields[3] == 2
     assert fields[5] & 0x08  # attributes bit 3: LogAppendTime
     assert fields[9:12] == (-1, -1, -1)  # no producer id, epoch, sequence
+
+
+# ---------------------------------------------------------------- compacted batches
+
+
+def test_a_compacted_batch_keeps_its_offsets_and_reads_across_the_gaps():
+    """Compaction keeps a batch's base offset and last offset delta; the records
+    left keep their offset deltas, and a read at a removed offset returns the next."""
+    from mqstore.segmented.record_batch import rebuild_batch
+
+    original = _batch([batch_builder_record(i) for i in range(5)], base_offset=100)
+    header = check_batch(original, 0)
+    records = decode_records(original, 0, header, 0, 5)
+    kept = [r for r in records if r.offset in (101, 103)]
+    encoded = [
+        encode_record(r.offset - 100, r.timestamp_ms - header.base_timestamp, r.key, r.value, [])
+        for r in kept
+    ]
+    cleaned = rebuild_batch(header, encoded, header.attributes, header.base_timestamp)
+    empty = rebuild_batch(
+        check_batch(_batch([batch_builder_record(9)], base_offset=105), 0),
+        [], 0, header.base_timestamp,
+    )  # fmt: skip
+    after = _batch([batch_builder_record(7)], base_offset=110)  # a gap of 4 offsets
+    data = bytes(cleaned + empty + after)
+    cleaned_header = check_batch(data, 0)
+    assert (cleaned_header.base_offset, cleaned_header.last_offset) == (100, 104)
+    assert cleaned_header.records_count == 2
+    assert check_batch(data, len(cleaned)).records_count == 0
+    got = decode_batches(data, 0, 100, 100, 1 << 20).records
+    assert [r.offset for r in got] == [101, 103, 110]
+    assert [r.value for r in got[:2]] == [r.value for r in kept]
+    assert [r.offset for r in decode_batches(data, 0, 102, 100, 1 << 20).records] == [103, 110]
+    assert [r.offset for r in decode_batches(data, 0, 104, 100, 1 << 20).records] == [110]
+    assert [r.offset for r in decode_batches(data, 0, 100, 1, 1 << 20).records] == [101]
+    assert [r.offset for _, r in _kafka_records(data)] == [101, 103, 110]  # Kafka agrees
+
+
+def test_a_compacted_batch_with_offset_deltas_out_of_order_is_malformed():
+    from mqstore.segmented.record_batch import rebuild_batch
+
+    original = _batch([batch_builder_record(i) for i in range(3)])
+    header = check_batch(original, 0)
+    encoded = [encode_record(d, 0, b"k", b"v", []) for d in (2, 1)]
+    bad = rebuild_batch(header, encoded, header.attributes, header.base_timestamp)
+    with pytest.raises(MalformedBatchError, match="offset delta"):
+        decode_batches(bytes(bad), 0, 0, 10, 1 << 20)
+    too_many = rebuild_batch(header, [encode_record(0, 0, b"k", b"v", [])] * 4, 0, 0)
+    with pytest.raises(MalformedBatchError, match="does not fit"):
+        check_batch(bytes(too_many), 0)

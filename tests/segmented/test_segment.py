@@ -82,7 +82,7 @@ def test_recovery_rebuilds_the_very_same_indexes(tmp_path):
     segment.close_files()
 
 
-def test_recovery_truncates_at_a_torn_batch_and_at_an_offset_gap(tmp_path):
+def test_recovery_truncates_at_a_torn_batch_and_at_an_offset_going_back(tmp_path):
     segment = _segment(tmp_path)
     _fill(segment, BATCHES[:6])
     size = segment.size_bytes
@@ -93,14 +93,15 @@ def test_recovery_truncates_at_a_torn_batch_and_at_an_offset_gap(tmp_path):
     assert result.truncated_bytes == (size - 7) - segment.size_bytes > 0
     assert os.path.getsize(segment.log_path) == segment.size_bytes
 
-    # base_offset is outside the CRC: recovery checks that offsets run on.
+    # base_offset is outside the CRC: recovery checks that offsets never go back
+    # (a gap is legal: compaction leaves them).
     positions = []
     for position, header, _, _ in segment._batches(0, segment.size_bytes):
         positions.append((position, header.base_offset))
     gap_position, gap_offset = positions[2]
     with open(segment.log_path, "r+b") as handle:
         handle.seek(gap_position)
-        handle.write(struct.pack(">q", gap_offset + 1))
+        handle.write(struct.pack(">q", gap_offset - 1))
     result = segment.recover()
     assert result.next_offset == gap_offset
     assert segment.size_bytes == gap_position
