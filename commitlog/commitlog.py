@@ -321,25 +321,35 @@ class CommitLog:
         # Records past the start may not be in the ConsumeQueue yet: the queue-offset
         # table must already count them when the first append asks for an offset.
         appender = self._appender
+        start_ts_ms = appender.last_store_ts_ms  # a timestamp used at or before start
         end, appender.last_store_ts_ms = scan_log(
             files, start, self._queue_offsets, appender.last_store_ts_ms
         )
+        assert start <= end, f"the scan went back from {start} to {end}"
         appender.write_position = end
-        self._flushed_position = end
-        self._flushed_mark = (end, appender.last_store_ts_ms)
-        if self.read_only:
+        if self.read_only:  # a reader never syncs; what it sees is what it reads
+            self._flushed_position = end
+            self._flushed_mark = (end, appender.last_store_ts_ms)
             return
-        self._truncate_after(end)
-        if self._current is not None:
+        # Only what precedes the scan start is known durable: a dead writer may have
+        # left any file in [start, end) dirty (a SIGKILL keeps the page cache). The
+        # next flush_to syncs them all: the store's at open in sync mode (records are
+        # readable once flushed), else the flush service's first pass, off the open.
+        self._flushed_position = start
+        self._flushed_mark = (start, start_ts_ms)
+        if self._truncate_after(end) and self._current is not None:
+            # Zeros over a torn or corrupt tail are durable before a new record
+            # follows them: else a power cut could bring old records back behind it.
             self._syncer(self._current)
 
-    def _truncate_after(self, end: int) -> None:
-        """Zero the current file past ``end`` and remove every later file."""
+    def _truncate_after(self, end: int) -> int:
+        """Zero the current file past ``end`` and remove every later file; returns
+        the bytes zeroed."""
         self._files.remove_after(end)
         last = self._files.last
         if last is None or end >= last.start_offset + last.size_bytes:
             self._set_current(None)
-            return
+            return 0
         assert last.start_offset <= end
         zeroed = last.zero_from(end - last.start_offset)
         if zeroed:
@@ -347,6 +357,7 @@ class CommitLog:
                 "zeroed %d bytes of %s past the end of the log at %d", zeroed, last.path, end
             )
         self._set_current(last)
+        return zeroed
 
     # ------------------------------------------------------------------ append
 

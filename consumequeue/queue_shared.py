@@ -87,6 +87,8 @@ def _last_commitlog_offset(queue: ConsumeQueue, run: SharedRun) -> int | None:
     if not run.positions:
         return None
     assert queue._shared is not None
+    if not queue._ctx.read_only:  # the writer's runs are built from its log: no re-check
+        return queue._shared.commitlog_offset_of(run.positions[-1])
     unit = queue._shared.units(queue.queue_id, run.end - 1, 1)
     return int(unit["commitlog_offset"][0])
 

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from functools import partial
 from types import TracebackType
 
+import numpy as np
+
 from mqstore.commitlog.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -40,11 +42,12 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
 )
 from mqstore.commitlog.record import validate_topic
+from mqstore.consumequeue import queue_shared
 from mqstore.consumequeue.config import ConsumeQueueConfig
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.format import SHARED_DIRECTORY
 from mqstore.consumequeue.queue_files import QueueContext
-from mqstore.consumequeue.shared_log import SharedUnitLog
+from mqstore.consumequeue.shared_log import SharedRun, SharedUnitLog
 
 __all__ = ["ConsumeQueueStore", "QUEUE_ID_MAX"]
 
@@ -222,6 +225,49 @@ class ConsumeQueueStore:
                 # An empty run ends at its first offset: the queue's next offset.
                 limits.append((0 if run is None else run.first_offset) + units_max)
             return limits
+
+    def confirm_shared(
+        self,
+        topic: str,
+        queue_ids: np.ndarray,
+        queue_offsets: np.ndarray,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+    ) -> np.ndarray:
+        """Which of these re-puts (units of queues of ``topic``, commitlog offsets
+        ascending) the topic's shared unit log already holds, each as the unit at its
+        offset of its queue's readable run: ``ConsumeQueue.put`` would check them and
+        write nothing. One lookup for all (the re-dispatch after a SIGKILL of many
+        small queues, issue 15); the caller puts the others, which raises or writes.
+
+        Returns:
+            A bool mask over the units.
+        """
+        assert len(queue_ids) == len(queue_offsets) == len(commitlog_offsets) == len(sizes)
+        assert len(commitlog_offsets) < 2 or (np.diff(commitlog_offsets) > 0).all()
+        confirmed = np.zeros(len(queue_ids), dtype=bool)
+        if not len(queue_ids) or self.read_only or self.config.shared_units_max == 0:
+            return confirmed
+        with self._ctx.lock:
+            shared = self.shared_log(topic)
+            indexes, records = shared.records_at(commitlog_offsets)
+            matched = (
+                (indexes >= 0) & (records["size"] > 0) & (records["queue_id"] == queue_ids)
+                & (records["queue_offset"] == queue_offsets) & (records["size"] == sizes)
+                & (records["tag_hash"] == tag_hashes)
+            )  # fmt: skip
+            runs: dict[int, SharedRun | None] = {}
+            for unit in np.flatnonzero(matched).tolist():  # is it the run's unit there?
+                queue_id = int(queue_ids[unit])
+                if queue_id not in runs:
+                    runs[queue_id] = queue_shared.shared_run(self.queue(topic, queue_id))
+                run = runs[queue_id]
+                at = int(queue_offsets[unit]) - (0 if run is None else run.first_offset)
+                confirmed[unit] = (
+                    run is not None and 0 <= at < len(run) and run.positions[at] == indexes[unit]
+                )
+        return confirmed
 
     def _log_of_objectless(self, topic: str, queue_id: int) -> SharedUnitLog | None:
         """Under the lock: the topic's shared log when (topic, queue_id) is a valid

@@ -376,6 +376,24 @@ class SharedUnitLog:
                 run.min_offset = min(run.min_offset, run.end)
         self._last_commitlog_offset = self._commitlog_offset_before(cut)
 
+    def records_at(self, commitlog_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The records of the given commitlog offsets (ascending): (record indexes, -1
+        where none has that offset; the records, zeros there). Bounded by the log."""
+        indexes = np.full(len(commitlog_offsets), -1, dtype=np.int64)
+        records = np.zeros(len(commitlog_offsets), dtype=SHARED_RECORD)
+        for file_index in range(self._file_lo, self._file_hi):
+            file_records = self._file_records(file_index)
+            clogs = file_records["commitlog_offset"]
+            if not len(clogs):
+                continue
+            lo = int(np.searchsorted(commitlog_offsets, clogs[0], side="left"))
+            hi = int(np.searchsorted(commitlog_offsets, clogs[-1], side="right"))
+            at = np.searchsorted(clogs, commitlog_offsets[lo:hi])  # < len(clogs): in range
+            found = clogs[at] == commitlog_offsets[lo:hi]
+            indexes[lo:hi][found] = at[found] + file_index * self._rpf
+            records[lo:hi][found] = file_records[at[found]]
+        return indexes, records
+
     def _file_records(self, file_index: int) -> np.ndarray:
         """The written part of a file's records (a read-only view)."""
         records = self._map(file_index)
@@ -591,7 +609,11 @@ class SharedUnitLog:
     def _commitlog_offset_before(self, record: int) -> int:
         if record <= self._file_lo * self._rpf:
             return -1
-        file_index, in_file = divmod(record - 1, self._rpf)
+        return self.commitlog_offset_of(record - 1)
+
+    def commitlog_offset_of(self, record: int) -> int:
+        """The commitlog offset of written record ``record`` (not checked: a run's)."""
+        file_index, in_file = divmod(record, self._rpf)
         return int(self._map(file_index)["commitlog_offset"][in_file])
 
     def _corrupt(self, record: int, reason: str) -> CorruptDataError:

@@ -134,6 +134,20 @@ class TailWriter:
             self._add_slots(topic, queue_ids)
         return [slots[key] for key in keys]
 
+    def confirm_shared(
+        self,
+        topic: str,
+        queue_ids: np.ndarray,
+        queue_offsets: np.ndarray,
+        commitlog_offsets: np.ndarray,
+        sizes: np.ndarray,
+        tag_hashes: np.ndarray,
+    ) -> np.ndarray:
+        """``ConsumeQueueStore.confirm_shared``: which re-puts the shared log holds."""
+        return self._store.confirm_shared(
+            topic, queue_ids, queue_offsets, commitlog_offsets, sizes, tag_hashes
+        )
+
     @property
     def slots(self) -> dict[tuple[str, int], int]:
         """Slots by (topic, queue id), for callers that look many up at once."""

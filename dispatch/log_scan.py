@@ -287,19 +287,23 @@ class LogScan:
     def _write_small(self, small: list[tuple[tuple[str, int], Units]]) -> None:
         """Queues with a few units each (many queues). Units past a queue's end (a
         rebuild, units a power cut took) go in one TailWriter call, in log order: a
-        topic's shared unit log takes them in bulk, own files through C. A queue that
-        holds some already (the re-dispatch after a SIGKILL, whose page cache kept
-        them) is compared unit by unit through ``put``: the TailWriter would stop at
-        every such unit. Without a TailWriter every unit takes a ``put``."""
+        topic's shared unit log takes them in bulk, own files through C. Units a queue
+        holds already (the re-dispatch after a SIGKILL, whose page cache kept them):
+        ``_reput_small``. Without a TailWriter every unit takes a ``put``."""
         tail = self._tail
         appends: list[tuple[tuple[str, int], Units]] = []
+        reputs: list[tuple[tuple[str, int], Units]] = []
         for name, units in small:
             queue = self._queue(*name)
             if tail is not None and int(units[0][0]) >= queue.max_offset:
                 appends.append((name, units))
-                continue
-            for unit in zip(*(column.tolist() for column in units), strict=True):
-                queue.put(*unit)
+            elif tail is not None:
+                reputs.append((name, units))
+            else:
+                for unit in zip(*(column.tolist() for column in units), strict=True):
+                    queue.put(*unit)
+        if reputs:
+            self._reput_small(reputs)
         if not appends:
             return
         assert tail is not None
@@ -310,6 +314,31 @@ class LogScan:
         order = np.argsort(physical, kind="stable")  # log order: what the shared logs need
         tail.write(slots[order], offsets[order], physical[order], sizes[order].astype(np.int32),
                    codes[order], times[order])  # fmt: skip
+
+    def _reput_small(self, reputs: list[tuple[tuple[str, int], Units]]) -> None:
+        """Small queues' units from their first below the queue's end: those the
+        topic's shared unit log holds already are confirmed in one lookup per topic
+        (``TailWriter.confirm_shared``); the rest take ``put`` each (a unit past the
+        end, or in own files, is written; one that differs raises)."""
+        assert self._tail is not None
+        by_topic: dict[str, list[tuple[int, Units]]] = {}
+        for (topic, queue_id), units in reputs:
+            by_topic.setdefault(topic, []).append((queue_id, units))
+        for topic, entries in by_topic.items():
+            queue_ids = np.concatenate(
+                [np.full(len(units[0]), queue_id, np.int32) for queue_id, units in entries]
+            )
+            offsets, physical, sizes, codes, times = _concatenate([units for _, units in entries])
+            order = np.argsort(physical, kind="stable")  # log order, as the shared log
+            queue_ids, offsets, physical = queue_ids[order], offsets[order], physical[order]
+            sizes, codes, times = sizes[order], codes[order], times[order]
+            confirmed = self._tail.confirm_shared(topic, queue_ids, offsets, physical, sizes,
+                                                  codes)  # fmt: skip
+            for row in np.flatnonzero(~confirmed).tolist():  # in log order: per queue too
+                self._queue(topic, int(queue_ids[row])).put(
+                    int(offsets[row]), int(physical[row]), int(sizes[row]), int(codes[row]),
+                    int(times[row]),
+                )  # fmt: skip
 
     def _tag_codes(self, mapped: MappedFile, rows: np.ndarray) -> np.ndarray | None:
         """The run's tag hashes (0: no tag), or None when no record has a tag."""

@@ -312,8 +312,11 @@ class MessageStore(CommitLogEngine, StoreReader):
             interval_ms=self.config.dispatch_interval_ms,
         )
         # Re-dispatch synchronously: when open returns, every recovered record is
-        # readable through its ConsumeQueue and the index.
-        commitlog.flush_to(end)
+        # readable through its ConsumeQueue and the index. In sync mode a record is
+        # readable once durable: the recovered range is synced first. In async mode
+        # the flush service syncs it, off the open (CommitLog._recover).
+        if self.config.flush_mode == "sync":
+            commitlog.flush_to(end)
         redispatched = 0
         dispatcher = self._dispatcher
         while dispatcher.position < end:

@@ -149,6 +149,57 @@ def test_recovery_scan_is_bounded_by_the_checkpoint(tmp_path, config):
         log.close()
 
 
+def test_open_never_claims_a_file_it_did_not_sync_as_flushed(tmp_path, config):
+    """A dead writer may leave every file past the checkpoint dirty: the recovered
+    log claims as flushed only what precedes the scan start, until a flush has
+    synced every file that holds bytes of [start, end) (several files here)."""
+    directory = str(tmp_path / "cl")
+    results = _fill(directory, config, 1000)
+    start = results[10].physical_offset  # the checkpoint: in the first file
+    synced: list[int] = []
+
+    def counting(mapped) -> None:
+        synced.append(mapped.start_offset)
+        mapped.flush()
+
+    log = CommitLog.open(directory, config, recover_from=start, syncer=counting)
+    try:
+        end = log.write_position
+        assert end == results[-1].physical_offset + results[-1].size
+        assert end - start > 2 * FILE  # the range spans several files
+        first = start - start % FILE
+        holding = set(range(first, end, FILE))  # files with bytes of [start, end)
+        claimed = set(range(first, log.flushed_position, FILE))  # [start, flushed)
+        if log.flushed_position <= start:
+            claimed = set()
+        assert claimed <= set(synced), (sorted(claimed), sorted(synced))
+        log.flush_to(end)
+        assert log.flushed_position == end
+        assert holding <= set(synced)
+    finally:
+        log.close()
+
+
+def test_zeros_over_a_corrupt_tail_are_synced_at_open(tmp_path, config):
+    """Before a new record follows the zeroed tail, the zeros are durable."""
+    directory = str(tmp_path / "cl")
+    results = _fill(directory, config, 100)
+    _patch(directory, results[50].physical_offset + 20, b"\xff\xff")
+    synced: list[int] = []
+
+    def counting(mapped) -> None:
+        synced.append(mapped.start_offset)
+        mapped.flush()
+
+    log = CommitLog.open(directory, config, syncer=counting)
+    try:
+        assert log.write_position == results[50].physical_offset
+        end_file = results[50].physical_offset - results[50].physical_offset % FILE
+        assert synced == [end_file]
+    finally:
+        log.close()
+
+
 def test_checkpoint_past_the_log_is_refused(tmp_path, config):
     directory = str(tmp_path / "cl")
     _fill(directory, config, 10)

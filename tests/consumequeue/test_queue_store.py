@@ -409,3 +409,31 @@ def test_next_offsets_without_objects_refuse_and_skip(open_store: StoreFactory) 
     assert reader.next_offsets_without_objects("t", 2) == {}  # a reader follows the writer
     assert reader.shared_append_limits("t", [0]) == [None]
     assert reader.max_offset_of("t", 0) == 1
+
+
+def test_confirm_shared_confirms_only_what_put_would_find_stored(
+    open_store: StoreFactory,
+) -> None:
+    """The bulk re-put check of many small shared queues: a unit is confirmed only
+    when its queue's readable run holds exactly it at its offset."""
+    store = open_store(shared_units_max=4)
+    for offset in range(2):  # units (queue q, offset o) at commitlog 100 + 10 * (3o + q)
+        for queue_id in range(3):  # in commitlog order, as the shared log keeps them
+            store.queue("t", queue_id).put(offset, 100 + 10 * (3 * offset + queue_id), 10, 5, 1)
+    ids = np.array([0, 1, 2, 0, 1, 2, 2], dtype=np.int32)
+    offsets = np.array([0, 0, 0, 1, 1, 1, 2], dtype=np.int64)
+    clogs = np.array([100, 110, 120, 130, 140, 150, 160], dtype=np.int64)
+    sizes = np.full(7, 10, dtype=np.int64)
+    tags = np.full(7, 5, dtype=np.int64)
+    assert store.confirm_shared("t", ids, offsets, clogs, sizes, tags).tolist() == [True] * 6 + [
+        False  # offset 2 of queue 2 is not stored
+    ]
+    sizes[1], tags[3] = 11, 6  # a different size, a different tag
+    offsets[4] = 0  # queue 1's record at 140 holds offset 1, not 0
+    ids[5] = 1  # the record at 150 is queue 2's
+    assert store.confirm_shared("t", ids, offsets, clogs, sizes, tags).tolist() == [
+        True, False, True, False, False, False, False,
+    ]  # fmt: skip
+    store.queue("t", 0).truncate(0)  # queue 0's records are tombstones now
+    confirmed = store.confirm_shared("t", ids[:3], offsets[:3], clogs[:3], np.full(3, 10), tags[:3])
+    assert confirmed.tolist() == [False, True, True]

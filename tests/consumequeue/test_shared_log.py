@@ -386,3 +386,20 @@ def test_append_takes_the_prefix_the_unit_rule_allows(calls) -> None:
                 clog = max(clog, log.last_commitlog_offset)
         finally:
             log.close()
+
+
+def test_records_at_finds_each_commitlog_offset_across_files(tmp_path: Any) -> None:
+    shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
+    rows = [(q % 3, q // 3, 100 + 2 * q, 50 + q, 7, 9) for q in range(12)]  # 3 files
+    assert shared.append(*_columns(rows)) == 12  # type: ignore[arg-type]
+    wanted = np.array([99, 100, 101, 108, 110, 111, 122, 123], dtype=np.int64)
+    indexes, records = shared.records_at(wanted)
+    assert indexes.tolist() == [-1, 0, -1, 4, 5, -1, 11, -1]
+    found = indexes >= 0
+    assert records["commitlog_offset"][found].tolist() == [100, 108, 110, 122]
+    assert records["size"][found].tolist() == [50, 54, 55, 61]
+    assert (records["size"][~found] == 0).all()
+    assert shared.commitlog_offset_of(5) == 110
+    empty, _ = shared.records_at(np.empty(0, dtype=np.int64))
+    assert not len(empty)
+    shared.close()

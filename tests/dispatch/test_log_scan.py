@@ -25,6 +25,7 @@ from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.commitlog.header_scan import dispatch_columns_py
 from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.record import tag_hash
+from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.dispatch import log_scan
 
 FILE_BYTES = 64 * 1024  # small CommitLog files: re-dispatch crosses blank records
@@ -186,6 +187,36 @@ def test_redispatch_after_a_crash_over_lost_and_kept_units(scan, tmp_path):
     store._crash()
     with MessageStore.open(path, _config()) as store:
         assert store.recovered_from_crash
+        assert _snapshot(store) == before
+        _assert_index_complete(store)
+
+
+def test_redispatch_confirms_kept_shared_units_in_bulk(scan, tmp_path, monkeypatch):
+    """Many small queues kept their shared units through the crash: the re-dispatch
+    confirms them in one lookup (ConsumeQueueStore.confirm_shared), none takes a
+    ConsumeQueue.put, and the queues read as before."""
+    path = str(tmp_path)
+    config = _config(checkpoint_interval_ms=600_000, consumequeue_flush_interval_ms=3_600_000)
+    store = MessageStore.open(path, config)
+    _write(store, [(0, q, 50, q % 2 == 0, False) for q in range(60)])
+    store.close()  # the checkpoint now covers these
+    store = MessageStore.open(path, config)
+    _write(store, [(0, q % 60, 50, q % 3 == 0, q % 5 == 0) for q in range(180)])
+    before = _snapshot(store)
+    store.wait_for("orders", 59, store.max_offset("orders", 59), 1_000)
+    store._crash()
+    puts: list[tuple[int, ...]] = []
+    original = ConsumeQueue.put
+
+    def counted(queue: ConsumeQueue, *unit: int) -> None:
+        puts.append(unit)
+        original(queue, *unit)
+
+    monkeypatch.setattr(ConsumeQueue, "put", counted)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records >= 180
+        assert puts == []
         assert _snapshot(store) == before
         _assert_index_complete(store)
 
