@@ -54,7 +54,7 @@ from mqstore.commitlog.errors import (
 from mqstore.commitlog.record import decode_keys, tag_hash
 from mqstore.consumequeue.queue_store import ConsumeQueueStore
 from mqstore.consumequeue.tail_writer import TailWriter
-from mqstore.dispatch.log_scan import SMALL_GROUP_UNITS, LogScan
+from mqstore.dispatch.log_scan import SMALL_GROUP_UNITS, LogScan, QueueLike
 from mqstore.dispatch.waiters import Waiters
 
 __all__ = ["Dispatcher", "TimestampChooser"]
@@ -83,26 +83,8 @@ RUN_ROWS_MAX: Final = 4096
 _RUN_DTYPES: Final = (np.int32, np.int64, np.int32, np.int64, np.int64, np.int64)
 
 
-class ConsumeQueueLike(Protocol):
-    @property
-    def max_offset(self) -> int: ...
-
-    def put(
-        self, queue_offset: int, commitlog_offset: int, size: int, tag_hash: int, timestamp_ms: int
-    ) -> None: ...
-
-    def put_batch(
-        self,
-        first_queue_offset: int,
-        commitlog_offsets: np.ndarray,
-        sizes: np.ndarray,
-        tag_hashes: np.ndarray,
-        timestamps_ms: np.ndarray,
-    ) -> None: ...
-
-
 class QueueStoreLike(Protocol):
-    def queue(self, topic: str, queue_id: int) -> ConsumeQueueLike: ...
+    def queue(self, topic: str, queue_id: int) -> QueueLike: ...
 
 
 class IndexLike(Protocol):
