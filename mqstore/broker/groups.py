@@ -101,7 +101,10 @@ class _Group:
         self.protocol: str | None = None
         self.leader: str | None = None
         self.members: dict[str, _Member] = {}
-        self.pending_ids: set[str] = set()  # ids handed out with MEMBER_ID_REQUIRED
+        # Ids handed out with MEMBER_ID_REQUIRED -> when they lapse (monotonic s): an id
+        # not used within its session timeout is forgotten, and at most MEMBERS_MAX
+        # are held (the oldest go first), so clients that never come back pin nothing.
+        self.pending_ids: dict[str, float] = {}
         self.rebalance: asyncio.TimerHandle | None = None
 
 
@@ -175,13 +178,15 @@ class GroupCoordinator:
         if not member_id:
             member_id = f"{request.header.client_id or 'member'}-{uuid.uuid4()}"
             if version >= 4:
-                group.pending_ids.add(member_id)
+                if len(group.pending_ids) >= MEMBERS_MAX:
+                    del group.pending_ids[next(iter(group.pending_ids))]
+                group.pending_ids[member_id] = time.monotonic() + session_ms / 1000
                 return fail(ErrorCode.MEMBER_ID_REQUIRED, member_id)
         elif member_id not in group.members and member_id not in group.pending_ids:
             return fail(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
         if member_id not in group.members and len(group.members) >= MEMBERS_MAX:
             return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        group.pending_ids.discard(member_id)
+        group.pending_ids.pop(member_id, None)
         member = group.members.get(member_id)
         if member is None:
             member = group.members[member_id] = _Member(member_id)
@@ -426,6 +431,9 @@ class GroupCoordinator:
                     waiting = member.join is not None and not member.join.done()
                     if not waiting and now - member.last_seen > member.session_timeout_s:
                         self._remove(group, member.id)
+                for member_id, lapses in list(group.pending_ids.items()):
+                    if now > lapses:
+                        del group.pending_ids[member_id]
                 if group.state == EMPTY and not group.members and not group.pending_ids:
                     del self.groups[group.id]
 

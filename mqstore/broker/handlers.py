@@ -55,6 +55,9 @@ EARLIEST_TIMESTAMP: Final = -2
 ACKS: Final = (0, 1, -1)
 CLUSTER_ID: Final = "mqstore"
 NO_OFFSET: Final = -1
+#: Kafka's offset.metadata.max.bytes: committed metadata (stored in the group's
+#: offsets file, which every commit rewrites) longer than this, in UTF-8, is refused.
+OFFSET_METADATA_BYTES_MAX: Final = 4096
 TIMESTAMP_TYPES: Final = {"CreateTime", "LogAppendTime"}
 
 _MetadataTopic = MetadataResponse.MetadataResponseTopic
@@ -435,6 +438,8 @@ class Handlers:
                 codes[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif offset < 0:
                 codes[(topic, partition)] = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif len(metadata.encode()) > OFFSET_METADATA_BYTES_MAX:
+                codes[(topic, partition)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:
                 codes[(topic, partition)] = 0
                 valid[(topic, partition)] = (offset, metadata)

@@ -109,3 +109,64 @@ def test_a_silent_member_expires(commitlog_broker: Broker) -> None:
     while "quiet" in groups.groups and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "quiet" not in groups.groups
+
+
+def _join_without_member_id(group_id: str, session_timeout_ms: int) -> Any:
+    from kafka.protocol.consumer import JoinGroupRequest
+
+    request = JoinGroupRequest(
+        version=5, group_id=group_id, session_timeout_ms=session_timeout_ms,
+        rebalance_timeout_ms=session_timeout_ms, member_id="", group_instance_id=None,
+        protocol_type="consumer",
+        protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
+    )  # fmt: skip
+    request.with_header(correlation_id=1, client_id="flood")
+    return request
+
+
+def test_member_ids_handed_out_and_never_used_expire(commitlog_broker: Broker) -> None:
+    """JoinGroup v4+ without a member id gets MEMBER_ID_REQUIRED and a pending id. A
+    client that never comes back with it must not pin the group (and its memory) for
+    good: else GROUPS_MAX such requests refuse every new group until a restart."""
+    import asyncio
+
+    groups = commitlog_broker.groups
+    loop = commitlog_broker._loop
+    assert groups is not None and loop is not None
+    for group_id in ("flood-a", "flood-b"):
+        request = _join_without_member_id(group_id, 1_000)
+        answer = asyncio.run_coroutine_threadsafe(groups.handle(11, request, 5), loop).result(10)
+        assert answer.error_code == 79  # MEMBER_ID_REQUIRED
+    assert {"flood-a", "flood-b"} <= set(groups.groups)
+    deadline = time.monotonic() + 10
+    while {"flood-a", "flood-b"} & set(groups.groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {"flood-a", "flood-b"} & set(groups.groups)
+
+
+def test_pending_member_ids_of_one_group_are_bounded(commitlog_broker: Broker) -> None:
+    """A flood of JoinGroup v4+ without a member id to one group keeps at most
+    MEMBERS_MAX pending ids (the oldest go first), and a client that comes back with
+    its fresh id still joins."""
+    import asyncio
+
+    from mqstore.broker.groups import MEMBERS_MAX
+
+    groups = commitlog_broker.groups
+    loop = commitlog_broker._loop
+    assert groups is not None and loop is not None
+
+    async def flood() -> str:
+        member_id = ""
+        for _ in range(MEMBERS_MAX + 50):
+            answer = await groups.handle(11, _join_without_member_id("crowd", 30_000), 5)
+            assert answer.error_code == 79
+            member_id = answer.member_id
+        return member_id
+
+    last = asyncio.run_coroutine_threadsafe(flood(), loop).result(30)
+    assert len(groups.groups["crowd"].pending_ids) <= MEMBERS_MAX
+    request = _join_without_member_id("crowd", 30_000)
+    request.member_id = last
+    answer = asyncio.run_coroutine_threadsafe(groups.handle(11, request, 5), loop).result(30)
+    assert (answer.error_code, answer.member_id) == (0, last)

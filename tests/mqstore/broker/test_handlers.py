@@ -325,3 +325,38 @@ def test_log_append_time_topic(broker: Broker) -> None:
         consumer.close()
     assert [r.timestamp_type for r in records] == [1, 1, 1]
     assert all(before - 5 <= r.timestamp <= after + 5 for r in records)
+
+
+def test_offset_metadata_past_kafkas_bound_is_refused(broker: Broker) -> None:
+    """Committed metadata is stored in the group's offsets file, which every commit
+    rewrites and every OffsetFetch reads: Kafka bounds it (offset.metadata.max.bytes,
+    4096) and answers OFFSET_METADATA_TOO_LARGE (12), else one client's commits of
+    ~100 MiB frames grow a file without bound."""
+    from kafka.protocol.consumer import OffsetCommitRequest, OffsetCommitResponse
+
+    from mqstore.broker.handlers import OFFSET_METADATA_BYTES_MAX
+    from tests.mqstore.broker.conftest import raw_request
+    from tests.mqstore.broker.test_protocol import request_frame
+
+    broker.engine.create_topic("meta", 2)
+    topic_class = OffsetCommitRequest[7].OffsetCommitRequestTopic
+    partition_class = topic_class.OffsetCommitRequestPartition
+
+    def commit(metadata: list[str]) -> list[int]:
+        parts = [
+            partition_class(partition_index=index, committed_offset=5,
+                            committed_leader_epoch=-1, committed_metadata=text)
+            for index, text in enumerate(metadata)
+        ]  # fmt: skip
+        request = OffsetCommitRequest(
+            version=7, group_id="meta-group", generation_id_or_member_epoch=-1, member_id="",
+            group_instance_id=None, topics=[topic_class(name="meta", partitions=parts)],
+        )  # fmt: skip
+        payload = raw_request(broker.port, request_frame(request, 3))
+        assert payload is not None
+        answer = OffsetCommitResponse.decode(payload[4:], version=7)
+        return [p.error_code for p in answer.topics[0].partitions]
+
+    fits, too_large = "m" * OFFSET_METADATA_BYTES_MAX, "é" * (OFFSET_METADATA_BYTES_MAX // 2 + 1)
+    assert commit([fits, too_large]) == [0, 12]
+    assert broker.engine.offsets.load("meta-group") == {("meta", 0): (5, fits)}

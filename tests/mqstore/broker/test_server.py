@@ -177,3 +177,45 @@ def test_connections_closed_for_cause_are_logged_with_the_client_address(
                 client in r.getMessage() and cause in r.getMessage() for r in caplog.records
             ), (cause, [r.getMessage() for r in caplog.records])
     store.close()
+
+
+def test_a_large_fetch_is_decoded_and_encoded_off_the_event_loop(
+    commitlog_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Fetch frame of many partitions takes the CPU for its size (0.3 s for 8 MiB
+    measured here): decoding and encoding it on the loop would stall every other
+    connection meanwhile, so a large one goes to a worker thread. A small one may stay."""
+    from kafka.protocol.consumer import FetchRequest
+
+    import mqstore.broker.server as server
+
+    threads: dict[str, list[str]] = {"decode": [], "encode": []}
+    decode, encode = server.decode_request, server.encode_response
+
+    def recording_decode(*args: Any) -> Any:
+        threads["decode"].append(threading.current_thread().name)
+        return decode(*args)
+
+    def recording_encode(*args: Any) -> Any:
+        threads["encode"].append(threading.current_thread().name)
+        return encode(*args)
+
+    monkeypatch.setattr(server, "decode_request", recording_decode)
+    monkeypatch.setattr(server, "encode_response", recording_encode)
+    commitlog_broker.engine.create_topic("wide", 1)
+    partition = FetchRequest.FetchTopic.FetchPartition
+    request = FetchRequest(
+        version=11, replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+        isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[],
+        rack_id="", topics=[FetchRequest.FetchTopic(topic="wide", partitions=[
+            partition(partition=0, current_leader_epoch=-1, fetch_offset=0,
+                      last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1)
+            for _ in range(20_000)
+        ])],
+    )  # fmt: skip
+    with socket.create_connection(("127.0.0.1", commitlog_broker.port), timeout=30) as conn:
+        conn.sendall(request_frame(request, 7))
+        payload = read_frame(conn)
+    assert payload is not None and len(payload) > 20_000 * 20
+    assert threads["decode"] and threads["encode"]
+    assert "broker-loop" not in threads["decode"] + threads["encode"], threads
