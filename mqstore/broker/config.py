@@ -73,6 +73,9 @@ class BrokerConfig:
     )
     #: connections.max.idle.ms: a connection with no request for this long is closed.
     idle_timeout_ms: int = attrs.field(default=600_000, validator=_int(100, 2**31 - 1))
+    #: From a frame's size to its last byte: a client that announces a frame and stalls
+    #: holds its bytes of queued_request_bytes_max (every connection's room) only this long.
+    request_body_timeout_ms: int = attrs.field(default=30_000, validator=_int(100, 2**31 - 1))
     #: auto.create.topics.enable and num.partitions: Metadata creates unknown topics.
     auto_create_topics: bool = attrs.field(default=True, validator=_BOOL)
     default_partitions: int = attrs.field(default=1, validator=_int(1, 10_000))

@@ -319,8 +319,17 @@ class Broker:
                 self.metrics.closed_for_cause.labels("frame_size").inc()
                 return None
             await self._reserve(size)
+            body_s = min(idle_s, self.config.request_body_timeout_ms / 1000)
             try:
-                return await asyncio.wait_for(reader.readexactly(size), idle_s)
+                return await asyncio.wait_for(reader.readexactly(size), body_s)
+            except TimeoutError:
+                log.warning(
+                    "%s: %d-byte request not received within %d ms; closing",
+                    client, size, body_s * 1000,
+                )  # fmt: skip
+                self.metrics.closed_for_cause.labels("body_timeout").inc()
+                self._release(size)
+                return None
             except BaseException:
                 self._release(size)
                 raise

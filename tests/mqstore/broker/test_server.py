@@ -150,6 +150,37 @@ def test_queued_request_bytes_are_bounded_and_given_back(tmp_path: Any) -> None:
         store.close()
 
 
+def test_a_frame_announced_and_never_sent_does_not_hold_the_queue(tmp_path: Any) -> None:
+    """Regression (review): a client that sends a frame's size and then nothing held
+    its reserved request bytes until the idle timeout (10 min by default), so every
+    other connection's requests waited behind it. The body has its own deadline."""
+    import struct
+
+    from kafka.protocol.metadata import ApiVersionsRequest
+
+    store = open_engine("commitlog", tmp_path / "store")
+    config = BrokerConfig(
+        port=0, queued_request_bytes_max=1024, frame_bytes_max=1024, request_body_timeout_ms=500
+    )
+    try:
+        with (
+            Broker(store, config) as broker,
+            socket.create_connection(("127.0.0.1", broker.port), timeout=30) as stalled,
+        ):
+            stalled.sendall(struct.pack(">i", 1000))  # the size, and no body
+            time.sleep(0.1)
+            with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as conn:
+                started = time.monotonic()
+                conn.sendall(request_frame(ApiVersionsRequest(version=0), 77))
+                payload = read_frame(conn)
+                waited = time.monotonic() - started
+            assert payload is not None and struct.unpack_from(">i", payload)[0] == 77
+            assert waited < 10, waited  # before: the idle timeout (600 s)
+            assert read_frame(stalled) is None  # the stalled one was closed
+    finally:
+        store.close()
+
+
 def test_connections_closed_for_cause_are_logged_with_the_client_address(
     tmp_path: Any, caplog: Any
 ) -> None:
