@@ -54,6 +54,9 @@ __all__ = ["GroupCoordinator"]
 EXPIRY_CHECK_S: Final = 0.25  # how often sessions are checked
 GROUPS_MAX: Final = 10_000  # groups held in memory; more are refused
 MEMBERS_MAX: Final = 1_000  # members of one group
+#: A member's protocol names and metadata, held for its session: past this a JoinGroup
+#: is refused (INVALID_REQUEST). A consumer's subscription of thousands of topics fits.
+MEMBER_METADATA_BYTES_MAX: Final = 1 << 20
 JOIN, HEARTBEAT, LEAVE, SYNC, DESCRIBE, LIST = 11, 12, 13, 14, 15, 16
 DEAD: Final = "Dead"  # DescribeGroups' state of a group nobody knows
 CONSUMER: Final = "consumer"  # the protocol type of a group known by its offsets
@@ -163,6 +166,9 @@ class GroupCoordinator:
             return fail(ErrorCode.INVALID_SESSION_TIMEOUT)
         if not request.group_id or not request.protocols:
             return fail(ErrorCode.INVALID_GROUP_ID if not request.group_id else 23)
+        held = sum(len(p.name) + len(p.metadata) for p in request.protocols)
+        if held > MEMBER_METADATA_BYTES_MAX:
+            return fail(ErrorCode.INVALID_REQUEST, request.member_id)
         group = self.groups.get(request.group_id)
         if group is None:
             if len(self.groups) >= GROUPS_MAX:

@@ -170,3 +170,37 @@ def test_pending_member_ids_of_one_group_are_bounded(commitlog_broker: Broker) -
     request.member_id = last
     answer = asyncio.run_coroutine_threadsafe(groups.handle(11, request, 5), loop).result(30)
     assert (answer.error_code, answer.member_id) == (0, last)
+
+
+def test_a_members_protocol_metadata_is_bounded(commitlog_broker: Broker) -> None:
+    """A member's protocol metadata is held for its whole session (up to MEMBERS_MAX
+    members in GROUPS_MAX groups): past MEMBER_METADATA_BYTES_MAX a JoinGroup is
+    refused with INVALID_REQUEST and nothing is kept; a normal one still joins."""
+    import asyncio
+
+    from kafka.protocol.consumer import JoinGroupRequest
+
+    from mqstore.broker.groups import MEMBER_METADATA_BYTES_MAX
+
+    groups = commitlog_broker.groups
+    loop = commitlog_broker._loop
+    assert groups is not None and loop is not None
+
+    def join(metadata: bytes) -> Any:
+        request = JoinGroupRequest(
+            version=3,
+            group_id="bulky",
+            session_timeout_ms=30_000,
+            rebalance_timeout_ms=30_000,
+            member_id="",
+            protocol_type="consumer",
+            protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=metadata)],
+        )  # fmt: skip  (v3: no MEMBER_ID_REQUIRED round trip)
+        request.with_header(correlation_id=1, client_id="bulky")
+        return asyncio.run_coroutine_threadsafe(groups.handle(11, request, 3), loop).result(30)
+
+    answer = join(b"x" * (MEMBER_METADATA_BYTES_MAX + 1))
+    assert answer.error_code == 42  # INVALID_REQUEST
+    assert not groups.groups.get("bulky") or not groups.groups["bulky"].members
+    answer = join(b"x" * 100)
+    assert answer.error_code == 0 and answer.member_id
