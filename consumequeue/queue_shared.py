@@ -217,32 +217,30 @@ def read_units(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
         OffsetOutOfRangeError: read-only, and the writer removed them meanwhile.
         CorruptDataError: a record is not the unit the run says.
     """
-    assert queue._shared is not None
-    try:
-        return queue._shared.units(queue.queue_id, start, count)
-    except CorruptDataError:
-        _reload_after_change(queue, start, count)
-        return queue._shared.units(queue.queue_id, start, count)
+    return _read_with_reload(queue, start, count, "units")
 
 
 def read_timestamps(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
     """The timestamps of the same units (a copy); raises as ``read_units``."""
-    assert queue._shared is not None
-    try:
-        return queue._shared.timestamps(queue.queue_id, start, count)
-    except CorruptDataError:
-        _reload_after_change(queue, start, count)
-        return queue._shared.timestamps(queue.queue_id, start, count)
+    return _read_with_reload(queue, start, count, "timestamps")
 
 
 def read_records(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
     """The SHARED_RECORD records of the same units (a copy); raises as ``read_units``."""
-    assert queue._shared is not None
+    return _read_with_reload(queue, start, count, "records")
+
+
+def _read_with_reload(queue: ConsumeQueue, start: int, count: int, kind: str) -> np.ndarray:
+    """``SharedUnitLog.<kind>`` of the queue's units; once more after a reload when a
+    read-only view finds the log changed under it."""
+    shared = queue._shared
+    assert shared is not None
     try:
-        return queue._shared.records(queue.queue_id, start, count)
+        result: np.ndarray = getattr(shared, kind)(queue.queue_id, start, count)
     except CorruptDataError:
         _reload_after_change(queue, start, count)
-        return queue._shared.records(queue.queue_id, start, count)
+        result = getattr(queue._shared, kind)(queue.queue_id, start, count)
+    return result
 
 
 def _reload_after_change(queue: ConsumeQueue, start: int, count: int) -> None:

@@ -49,7 +49,6 @@ from mqstore.commitlog.errors import (
     ConfigError,
     CorruptDataError,
     DispatchFailedError,
-    StoreError,
 )
 from mqstore.commitlog.record import decode_keys, tag_hash
 from mqstore.consumequeue.queue_store import ConsumeQueueStore
@@ -248,21 +247,32 @@ class Dispatcher:
         """A kicked reader's round (at most ROUND_BYTES_MAX), in the reader's thread.
         Errors are left to the dispatcher thread, which retries: the reader's wait
         goes on (and a failure is raised to it by its failure check)."""
-        if self.failure is not None or not self._round_lock.acquire(blocking=False):
-            self.wake()  # a round runs already, or nothing will be dispatched
+        if self.failure is not None:
+            self.wake()  # nothing will be dispatched: the thread's state says why
             return
-        try:
-            count = self._round(ROUND_BYTES_MAX)
-        except Exception as error:
-            log.warning("dispatch in a reader's thread failed (the dispatcher retries): %r", error)
+        if self._round_in_caller(ROUND_BYTES_MAX, "in a reader's thread") and (
+            self._position < self.readable_end()
+        ):
+            self.wake()  # more than one round's budget: the thread takes the rest
+
+    def _round_in_caller(self, bytes_max: int | None, where: str) -> bool:
+        """One round in the calling thread, unless one runs already (then the thread is
+        woken). Errors are logged and left to the dispatcher thread, which retries.
+        Returns whether the round ran without error."""
+        if not self._round_lock.acquire(blocking=False):
             self.wake()
-            return
+            return False
+        try:
+            count = self._round(bytes_max)
+        except Exception as error:
+            log.warning("dispatch %s failed (the dispatcher retries): %r", where, error)
+            self.wake()
+            return False
         finally:
             self._round_lock.release()
         if count:
             self._after_round()
-        if self._position < self.readable_end():
-            self.wake()  # more than one round's budget: the thread takes the rest
+        return True
 
     def close(self) -> None:
         """Dispatch what is readable (unless failed), then stop."""
@@ -401,19 +411,10 @@ class Dispatcher:
         failed by the dispatch it helps."""
         if self.failure is not None:
             return
-        if not self._commitlog.sync_waiting or not self._round_lock.acquire(blocking=False):
+        if not self._commitlog.sync_waiting:
             self.wake()
             return
-        try:
-            count = self._round(None)
-        except StoreError as error:
-            log.warning("dispatch after a sync failed (the dispatcher retries): %s", error)
-            self.wake()
-            return
-        finally:
-            self._round_lock.release()
-        if count:
-            self._after_round()
+        self._round_in_caller(None, "after a sync")
 
     def set_round_listener(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener()`` after every round that dispatched records (after the
