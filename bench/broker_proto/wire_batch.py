@@ -26,7 +26,8 @@ from typing import Final, NamedTuple
 
 from crc32c import crc32c
 
-from mqstore.commitlog.errors import InvalidArgumentError
+# The broker's own (mqstore/broker/batch.py), which grew out of this prototype.
+from mqstore.broker.batch import CODEC_NAMES, CORRUPT_MESSAGE, INVALID_RECORD, InvalidBatchError
 from mqstore.segmented.record_batch import (
     ATTRIBUTES_POSITION,
     BASE_OFFSET,
@@ -55,23 +56,12 @@ __all__ = [
     "stamp_log_append_time",
 ]
 
-CORRUPT_MESSAGE: Final = 2  # Kafka's error code for a CRC or size failure
-INVALID_RECORD: Final = 87  # ... for a batch that is well-formed but not acceptable
-CODEC_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")  # attributes bits 0-2
 BATCHES_PER_PARTITION_MAX: Final = 1  # Kafka accepts exactly one v2 batch per partition
 MAX_TIMESTAMP_POSITION: Final = 35  # attributes(21) + 2 + last_offset_delta 4 + base ts 8
 _CRC: Final = struct.Struct(">I")  # the CRC-32C field, unsigned
 _ATTRIBUTES: Final = struct.Struct(">h")
 _TIMESTAMP: Final = struct.Struct(">q")
 assert MAX_TIMESTAMP_POSITION == ATTRIBUTES_POSITION + 2 + 4 + 8
-
-
-class InvalidBatchError(InvalidArgumentError):
-    """A produced batch the broker must refuse; ``error_code`` is Kafka's answer."""
-
-    def __init__(self, message: str, error_code: int = CORRUPT_MESSAGE) -> None:
-        super().__init__(message)
-        self.error_code = error_code
 
 
 class ProducedBatch(NamedTuple):
