@@ -347,6 +347,10 @@ def test_a_live_writer_process_ingests_what_another_process_spools(tmp_path):
             reader.close()
         assert values == Counter(b"t%d-%d" % (t, i) for t in range(4) for i in range(50))
         assert service.poll() is None
+        # A spool is deleted after its records are appended (readable): wait for it.
+        deadline = time.monotonic() + DEADLINE_S
+        while _inbox_names(root) != [LEDGER_NAME] and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert _inbox_names(root) == [LEDGER_NAME]
     finally:
         service.kill()
