@@ -3,7 +3,7 @@ create|alter`` (Kafka-named topic settings: ``cleanup.policy=compact``,
 ``max.compaction.lag.ms=2000``...; ``--config`` already means the store's config).
 
 ``compact TOPIC`` runs a cleaning pass now over every cleanable partition of a
-compacted topic (segmented engine), whatever its dirty ratio, and prints each
+compacted topic (either engine), whatever its dirty ratio, and prints each
 partition's figures; the active segment and the head younger than
 min.compaction.lag.ms are left alone, as by the scheduled cleaner.
 """
@@ -37,15 +37,13 @@ def topic_configs(items: Sequence[str]) -> dict[str, str]:
 
 def add_compact(commands: Any, common: argparse.ArgumentParser) -> None:
     """The ``compact`` command's parser."""
-    text = "run a compaction pass now over a compacted topic (segmented engine)"
+    text = "run a compaction pass now over a compacted topic"
     compact = commands.add_parser("compact", help=text, description=text, parents=[common])
     compact.set_defaults(handler=cmd_compact)
     compact.add_argument("topic", help="a topic with cleanup.policy compact or compact,delete")
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    if args.engine != "segmented":
-        raise CliError("compaction runs on the segmented engine only (pass --engine segmented)")
     with open_store(args, write=True) as store:
         results = store.compact(args.topic)
         for result in results:

@@ -450,7 +450,7 @@ def file_stats(root: str, log_end: int) -> dict[str, Any]:
     """Sizes per part, queues, and the dispatch lag the checkpoint shows against
     ``log_end`` (the CommitLog's end as a read-only open found it)."""
     out: dict[str, Any] = {}
-    for part in ("commitlog", "consumequeue", "index"):
+    for part in ("commitlog", "consumequeue", "index", "compaction"):
         out[f"{part}_files"], out[f"{part}_bytes"] = tree_size(os.path.join(root, part))
     out["queues"] = len({(topic, queue) for topic, queue, _ in _queue_files(root)})
     checkpoint = ckpt.CheckpointFile(root, read_only=True).load()

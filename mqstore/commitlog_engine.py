@@ -42,7 +42,13 @@ from mqstore.engine import (
 from mqstore.message import Message
 from mqstore.offsets import OffsetStore
 from mqstore.retention import hours_to_ms
-from mqstore.topics import PARTITIONS_MAX, TopicConfig, check_topic_config, parse_kafka_configs
+from mqstore.topics import (
+    PARTITIONS_MAX,
+    TopicConfig,
+    check_keyed,
+    check_topic_config,
+    parse_kafka_configs,
+)
 
 if TYPE_CHECKING:
     import threading
@@ -50,9 +56,11 @@ if TYPE_CHECKING:
 
     from mqstore.batch import MessageBatch
     from mqstore.commitlog.commitlog import CommitLog
+    from mqstore.compaction import CompactionLogs, CopyReader
     from mqstore.config import StoreConfig
     from mqstore.consumequeue import ConsumeQueueStore
     from mqstore.message import PutResult
+    from mqstore.segmented.cleaner import CleanResult
     from mqstore.topics import TopicRegistry
 
 __all__ = ["KEY_PROPERTY", "CommitLogEngine"]
@@ -80,7 +88,12 @@ class CommitLogEngine:
         consume_queues: ConsumeQueueStore
         _topic_guard: threading.Lock  # serializes auto-creation
 
+        _compaction: CompactionLogs | CopyReader | None
+        _put_topics: dict[str, int]
+
         def _check_writable(self) -> None: ...
+        def _open_compaction(self) -> CompactionLogs: ...
+        def _catch_up(self) -> None: ...
         def _queue(self, topic: str, queue_id: int) -> Any: ...
         def _wait_until(self, ready: Callable[[], bool], timeout_ms: int) -> bool: ...
         def put(
@@ -148,13 +161,14 @@ class CommitLogEngine:
                 created with another), else ms. ``describe_topic`` shows the value
                 in force.
             retention_bytes: per partition; -1 or left out: no limit.
-            cleanup_policy: only "delete" here: this engine has no compaction yet.
-            topic_configs: Kafka-named settings (``mqstore.topics.KAFKA_TOPIC_CONFIGS``);
-                the compaction ones are stored, and unused until compaction lands.
+            cleanup_policy: "delete", "compact" or "compact,delete" (Kafka's). A
+                compacted topic is read from a compacted copy of each queue
+                (mqstore.compaction) and refuses messages without a key.
+            topic_configs: Kafka-named settings (``mqstore.topics.KAFKA_TOPIC_CONFIGS``:
+                ``min.compaction.lag.ms``...); they win over the arguments.
 
         Raises:
-            InvalidArgumentError: the topic exists, or a setting is invalid, or
-                ``cleanup_policy`` asks for compaction.
+            InvalidArgumentError: the topic exists, or a setting is invalid.
         """
         self._check_writable()
         if self.topics.get(name) is not None:
@@ -165,7 +179,9 @@ class CommitLogEngine:
         )  # fmt: skip
         fields.update(parse_kafka_configs(name, topic_configs or {}))
         config = TopicConfig(name=name, partitions=partitions, **fields)
-        _refuse_compaction(config)
+        check_topic_config(config)
+        if config.compacted:  # its copy first: a put may follow at once
+            self._open_compaction().sync_topic(config)
         return self.topics.put(config)
 
     def alter_topic(self, name: str, topic_configs: Mapping[str, object]) -> TopicConfig:
@@ -178,8 +194,34 @@ class CommitLogEngine:
         self._check_writable()
         altered = attrs.evolve(self._topic_config(name), **parse_kafka_configs(name, topic_configs))
         check_topic_config(altered)
-        _refuse_compaction(altered)
+        if altered.compacted:
+            self._open_compaction().sync_topic(altered)
+            self._put_topics.pop(name, None)  # its puts now check their keys
         return self.topics.put(altered)
+
+    def compact(self, topic: str) -> list[CleanResult]:
+        """Run a cleaning pass now over every partition of a compacted topic: its
+        durable records are copied, the copy's active segment rolled, and everything
+        but the head younger than min.compaction.lag.ms is cleaned (``mqstore
+        compact``; mqstore.compaction).
+
+        Returns:
+            One result per partition cleaned (bytes read and written, keys...).
+
+        Raises:
+            UnknownTopicError: no such topic.
+            InvalidArgumentError: the topic is not compacted.
+            ReadOnlyStoreError: the store is open read-only.
+        """
+        self._check_writable()
+        config = self._topic_config(topic)
+        if not config.compacted:
+            raise InvalidArgumentError(
+                f"topic {topic!r} has cleanup_policy {config.cleanup_policy!r}: nothing to "
+                "compact (alter it with cleanup.policy=compact)"
+            )
+        self._catch_up()  # every appended record in its ConsumeQueue, to be copied
+        return self._open_compaction().compact(topic)
 
     def list_topics(self) -> dict[str, TopicConfig]:
         if self.read_only:
@@ -321,7 +363,10 @@ class CommitLogEngine:
                 f"topic {name!r} has {config.partitions} partitions; the new count must be "
                 f"larger and at most {PARTITIONS_MAX}"
             )
-        return self.topics.put(attrs.evolve(config, partitions=partitions))
+        grown = attrs.evolve(config, partitions=partitions)
+        if grown.compacted:
+            self._open_compaction().sync_topic(grown)
+        return self.topics.put(grown)
 
     def _partition(self, topic: str, partition: int) -> TopicConfig:
         config = self._topic_config(topic)
@@ -345,6 +390,8 @@ class CommitLogEngine:
             config = self._partition(topic, partition)  # raises what is wrong
         if not records:
             return []
+        if config.compacted:
+            check_keyed(topic, records)  # Kafka's INVALID_RECORD
         log_append = config.timestamp_type == "LogAppendTime"
         if len(records) == 1:  # the per-message path skips the batch machinery
             value, keys, pairs, born, sizes = _prepare(records[0])
@@ -467,14 +514,3 @@ def _sizes(offsets: np.ndarray, valid: np.ndarray, any_valid: bool) -> list[int]
         return [-1] * len(valid)
     lengths = np.diff(offsets)
     return (lengths if valid.all() else np.where(valid, lengths, -1)).tolist()
-
-
-def _refuse_compaction(config: TopicConfig) -> None:
-    """The shared CommitLog cannot be compacted per topic yet (issue 17's CommitLog
-    part, RocketMQ's compaction log, comes later): refuse rather than keep every
-    record while claiming to compact."""
-    if config.compacted:
-        raise InvalidArgumentError(
-            f"topic {config.name!r}: cleanup_policy {config.cleanup_policy!r} is not "
-            "supported by the CommitLog engine yet (use the segmented engine)"
-        )

@@ -30,6 +30,7 @@ from mqstore.commitlog.errors import (
 if TYPE_CHECKING:
     from mqstore.commitlog.commitlog import CommitLog
     from mqstore.commitlog.mapped_file import MappedFile
+    from mqstore.compaction import CompactionLogs, CopyReader
     from mqstore.message import Message
 
 __all__ = [
@@ -60,6 +61,7 @@ class StoreReader:
 
     if TYPE_CHECKING:  # what MessageStore provides
         commitlog: CommitLog
+        _compaction: CompactionLogs | CopyReader | None
 
         def _check_open(self) -> None: ...
         def _queue(self, topic: str, queue_id: int) -> Any: ...
@@ -79,6 +81,9 @@ class StoreReader:
         self._check_open()
         check_count("max_messages", max_messages, GET_MESSAGES_MAX)
         check_offset(offset)
+        compacted = self._compacted_read(topic, queue_id, offset, max_messages, None)
+        if compacted is not None:
+            return compacted.messages()
         runs = self._read_runs(topic, queue_id, offset, max_messages, None)
         if len(runs) == 1:
             return runs[0].messages()
@@ -112,8 +117,26 @@ class StoreReader:
         check_count("max_messages", max_messages, GET_BATCH_MESSAGES_MAX)
         check_count("max_bytes", max_bytes, GET_BATCH_BYTES_MAX)
         check_offset(offset)
+        compacted = self._compacted_read(topic, queue_id, offset, max_messages, max_bytes)
+        if compacted is not None:
+            return compacted
         runs = self._read_runs(topic, queue_id, offset, max_messages, max_bytes)
         return MessageBatch.concat(topic, queue_id, runs)
+
+    def _compacted_read(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int | None
+    ) -> MessageBatch | None:
+        """A compacted queue's read below its copy's end (mqstore.compaction), or None."""
+        compaction = self._compaction
+        if compaction is None:
+            return None
+        self._queue(topic, queue_id)  # the checks (unknown topic...) and a catch-up
+
+        def read_queue(start: int) -> MessageBatch:
+            runs = self._read_runs(topic, queue_id, start, max_messages, max_bytes)
+            return MessageBatch.concat(topic, queue_id, runs)
+
+        return compaction.read_from(topic, queue_id, offset, max_messages, max_bytes, read_queue)
 
     def _read_runs(
         self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int | None

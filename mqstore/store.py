@@ -66,6 +66,13 @@ from mqstore.commitlog.lock import (
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
+from mqstore.compaction import (
+    COMPACTION_DIR,
+    COPY_INTERVAL_MS,
+    CompactionLogs,
+    CopyReader,
+    check_compaction_keys,
+)
 from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.queue_time import TimeProbe
@@ -138,6 +145,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._put_topics: dict[str, int] = {}
         self._help_dispatch_past = 0  # put calls _help_dispatch_if_behind past this position
         self._append: Callable[..., PutResult]  # commitlog.append, bound once
+        # Compacted topics' copies: the writer's, or a read-only view of them.
+        self._compaction: CompactionLogs | CopyReader | None = None
         self._clock_ms: Callable[[], int] = _wall_clock_ms
         self._disk_usage: Callable[[], float] = _no_disk_usage
         self.open_ms = 0.0
@@ -265,10 +274,28 @@ class MessageStore(CommitLogEngine, StoreReader):
         )
         self._append = self.commitlog.append
         if read_only:
+            if os.path.isdir(os.path.join(root, COMPACTION_DIR)):
+                self._compaction = CopyReader(root, self.topics)
             return
         self._recover_derived(checkpoint)
         self._register_written_queues()  # a store from before puts registered topics
+        if CompactionLogs.wanted(root, self.topics):
+            self._open_compaction()
         self._start_services()
+
+    def _open_compaction(self) -> CompactionLogs:
+        """The compacted topics' copies (mqstore.compaction), opened once."""
+        if not isinstance(self._compaction, CompactionLogs):
+            self._compaction = CompactionLogs(
+                self.root, self.commitlog, self.consume_queues, self.topics, self._clock_ms,
+                self._read_units, flush_interval_ms=self.config.flush_interval_ms,
+            )  # fmt: skip
+        return self._compaction
+
+    def _copy_compacted(self) -> None:
+        """The copy job: compacted queues' durable records into their copies."""
+        if isinstance(self._compaction, CompactionLogs):
+            self._compaction.copy_all()
 
     def _recover_derived(self, checkpoint: Checkpoint | None) -> None:
         """Make ConsumeQueues and the index agree with the recovered CommitLog."""
@@ -378,7 +405,8 @@ class MessageStore(CommitLogEngine, StoreReader):
             reject_percent=config.disk_reject_ratio_percent,
             clock_ms=self._clock_ms,
             disk_usage=self._disk_usage,
-            dispatched_position=lambda: dispatcher.position,
+            # Never delete what the dispatcher, or a compacted queue's copy, still needs.
+            dispatched_position=lambda: min(dispatcher.position, self._compaction_floor()),
         )
         self._scheduler = Scheduler()
         self._scheduler.every_ms(
@@ -395,6 +423,7 @@ class MessageStore(CommitLogEngine, StoreReader):
             clock_ms=self._clock_ms,
         )
         self._scheduler.every_ms(config.inbox_interval_ms, self.inbox.ingest, "inbox")
+        self._scheduler.every_ms(COPY_INTERVAL_MS, self._copy_compacted, "compaction-copy")
         self._scheduler.start()
 
     def run_retention(self) -> retention.RetentionReport:
@@ -403,9 +432,17 @@ class MessageStore(CommitLogEngine, StoreReader):
         assert self._retention is not None
         assert self._dispatcher is not None
         self._dispatcher.dispatch_available()
+        if isinstance(self._compaction, CompactionLogs):  # the copies first: retention waits
+            self.commitlog.flush_to(self.commitlog.write_position)  # copies take flushed
+            self._compaction.copy_all()
+            self._compaction.flush()
         report = self._retention.run_once()
         self._apply_topic_retention()
         return report
+
+    def _compaction_floor(self) -> int:
+        compaction = self._compaction
+        return compaction.floor() if isinstance(compaction, CompactionLogs) else 2**63 - 1
 
     def _after_retention(self, min_position: int) -> None:
         self.consume_queues.correct_min_offsets(min_position)
@@ -427,6 +464,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         default_ms = retention.hours_to_ms(self.config.retention_hours)
         files_outlive_default = self._file_retention_ms() > default_ms
         for topic in self.topics.all().values():
+            if topic.compacted and self._compaction is not None:
+                continue  # its copy keeps it (mqstore.compaction), with its own retention
             retention_ms = topic.retention_ms
             if retention_ms is None and files_outlive_default:
                 retention_ms = default_ms
@@ -477,6 +516,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         if self._dispatcher is not None:
             self._dispatcher.close()  # dispatches what remains
         self._write_checkpoint(derived=True)
+        if isinstance(self._compaction, CompactionLogs):
+            self._compaction.copy_all()  # everything is flushed now: copy it all
         clear_abort(self.root)  # still under the lock: _abandon releases it
         self._abandon()
 
@@ -496,10 +537,19 @@ class MessageStore(CommitLogEngine, StoreReader):
                 dispatcher._thread.join()
         self.commitlog._crash()
         self._dispatcher = None
+        if self._compaction is not None:
+            self._compaction.crash()
+            self._compaction = None
         self._abandon()
 
     def _abandon(self) -> None:
         """Close whatever was opened, without checkpointing (error paths and read-only)."""
+        if self._compaction is not None:
+            try:
+                self._compaction.close()
+            except Exception:  # closing the rest matters more
+                log.exception("closing the compacted copies failed")
+            self._compaction = None
         for part in ("commitlog", "consume_queues", "index"):
             component = getattr(self, part, None)
             if component is not None:
@@ -626,6 +676,8 @@ class MessageStore(CommitLogEngine, StoreReader):
             ready = False
         if not ready:
             self._check_put(topic, queue_id)
+            if self._compacted_topic(topic):  # never on the fast path
+                check_compaction_keys(topic, (keys,), (properties,), 1)
         result = self._append(
             topic, queue_id, body, keys=keys, tag=tag, properties=properties,
             born_ts_ms=born_timestamp_ms,
@@ -647,7 +699,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._check_writable()
         self._check_queue_for_write(topic, queue_id)
         config = self.topics.get(topic)
-        if type(queue_id) is int and not self._closed and config is not None:
+        # A compacted topic's puts check their keys: never on the fast path.
+        if type(queue_id) is int and not self._closed and config and not config.compacted:
             self._put_topics[topic] = config.partitions
 
     def _help_dispatch_if_behind(self, position: int) -> None:
@@ -716,6 +769,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         """
         self._check_writable()
         self._check_queue_for_write(topic, queue_id)
+        if self._compacted_topic(topic):
+            check_compaction_keys(topic, keys, properties, len(bodies))
         result = self.commitlog.append_batch(
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
             born_ts_ms=born_timestamp_ms,
@@ -745,6 +800,8 @@ class MessageStore(CommitLogEngine, StoreReader):
         """
         self._check_writable()
         self._check_queue_for_write(topic, queue_id)
+        if self._compacted_topic(topic):
+            check_compaction_keys(topic, None, None, len(offsets) - 1)
         result = self.commitlog.append_slices(
             topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms
         )
@@ -772,6 +829,10 @@ class MessageStore(CommitLogEngine, StoreReader):
         config = self.topics.get(topic)
         if config is None or queue_id >= config.partitions:
             self._create_queue(topic, int(queue_id))
+
+    def _compacted_topic(self, topic: str) -> bool:
+        config = self.topics.get(topic)
+        return config is not None and config.compacted
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -812,6 +873,11 @@ class MessageStore(CommitLogEngine, StoreReader):
         """The first queue offset still stored (Kafka's log start offset)."""
         self._check_open()
         queue = self._queue(topic, queue_id)
+        compaction = self._compaction
+        if compaction is not None and compaction.compacted(topic, queue_id):
+            first = compaction.min_offset(topic, queue_id)  # not the raw queue's (#7540)
+            if first is not None:
+                return first
         if self.read_only:  # follow the writer's retention: its files may be gone
             self.commitlog.refresh_files()
             for _ in range(READ_ONLY_RELOADS_MAX):
@@ -833,6 +899,11 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._check_open()
         _check_offset(timestamp_ms, "timestamp_ms")
         queue = self._queue(topic, queue_id)
+        compaction = self._compaction
+        if compaction is not None and compaction.compacted(topic, queue_id):
+            found = compaction.offset_for_time(topic, queue_id, timestamp_ms)
+            if found is not None:
+                return found
         probe = queue.time_probe(timestamp_ms)
         self._check_time_answer(queue, topic, queue_id, timestamp_ms, probe)
         return probe.offset
@@ -905,7 +976,12 @@ class MessageStore(CommitLogEngine, StoreReader):
         offsets = self.index.query(
             topic, key, begin_timestamp_ms, end_timestamp_ms, max_results, verify
         )
-        return [found[physical] for physical in offsets]
+        messages = [found[physical] for physical in offsets]
+        if self._compaction is not None and self._compaction.compacted(topic):
+            messages = self._compaction.add_key_hits(
+                messages, topic, key, begin_timestamp_ms, end_timestamp_ms, max_results
+            )
+        return messages
 
     def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int) -> bool:
         """Long poll: block until a message at ``offset`` or later is readable.
@@ -981,6 +1057,7 @@ class MessageStore(CommitLogEngine, StoreReader):
             "sync_failure": _describe(self.commitlog.failure),
             "derived_sync_failure": _describe(self.derived_sync_failure),
             "dispatch_failure": _describe(dispatcher.failure if dispatcher else None),
+            **({"compaction": self._compaction.stats()} if self._compaction else {}),
         }
 
 

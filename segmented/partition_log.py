@@ -35,7 +35,12 @@ from typing import Final
 
 import attrs
 
-from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreClosedError
+from mqstore.commitlog.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+)
 from mqstore.engine import EngineRecord
 from mqstore.segmented.files import CLEANED_SUFFIX, SWAP_SUFFIX, fsync_directory
 from mqstore.segmented.index_file import MappedIndexCache
@@ -92,17 +97,33 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, batch: bytearray, count: int, max_timestamp_ms: int) -> int:
+    def append(
+        self, batch: bytearray, count: int, max_timestamp_ms: int, base_offset: int | None = None
+    ) -> int:
         """Write one batch of ``count`` records; return its base offset.
+
+        ``base_offset`` (a copy of another log's records: the CommitLog engine's
+        compaction logs) places the batch there, leaving a gap from the log end, as
+        compaction leaves gaps; by default the batch goes at the log end. An empty log
+        that receives a gap starts at ``base_offset``.
 
         Raises:
             StoreClosedError: the log was closed.
+            InvalidArgumentError: ``base_offset`` is below the log end.
             DiskFullError, OSError: the write failed; nothing was appended.
         """
         with self._lock:
             if self.closed:
                 raise StoreClosedError(f"partition {self.topic}-{self.partition} is closed")
-            base_offset = self.next_offset
+            if base_offset is None:
+                base_offset = self.next_offset
+            elif base_offset < self.next_offset:
+                raise InvalidArgumentError(
+                    f"{self.topic}-{self.partition}: a batch at {base_offset} would go below "
+                    f"the log end {self.next_offset}"
+                )
+            elif self.next_offset == self.log_start_offset:
+                self.log_start_offset = base_offset  # nothing below it was ever here
             last_offset = base_offset + count - 1
             set_base_offset(batch, base_offset)
             segment = self.segments[-1]

@@ -120,6 +120,9 @@ LEADER_EPOCH: Final = 0
 VARINT_BYTES_MAX: Final = 10  # a zig-zag int64 takes at most 10 bytes
 NULL_LENGTH: Final = b"\x01"  # zig-zag varint of -1: a null key, value or header value
 _ONE_BYTE: Final = tuple(bytes((i,)) for i in range(0x80))
+#: Two-byte varints, by zig-zag value (0x80 to 0x3FFF): lengths and deltas up to 8 KiB
+#: take one look-up instead of a loop (the first 0x80 entries are never used).
+_TWO_BYTES: Final = tuple(bytes(((i & 0x7F) | 0x80, i >> 7)) for i in range(0x4000))
 
 
 class MalformedBatchError(ValueError):
@@ -173,6 +176,8 @@ def zigzag_varint(value: int) -> bytes:
     encoded = value << 1 if value >= 0 else ((-value) << 1) - 1
     if encoded < 0x80:
         return _ONE_BYTE[encoded]
+    if encoded < 0x4000:
+        return _TWO_BYTES[encoded]
     out = bytearray()
     while encoded >= 0x80:
         out.append((encoded & 0x7F) | 0x80)

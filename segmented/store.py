@@ -541,6 +541,44 @@ class SegmentedStore:
             self._group_commits[(topic, partition)].wait_durable(base_offset + built.record_count)
         return [AppendedRecord(base_offset + i, *sizes) for i, sizes in enumerate(built.sizes)]
 
+    def append_log_batch(
+        self,
+        topic: str,
+        partition: int,
+        base_offset: int,
+        batch: bytearray,
+        count: int,
+        max_timestamp_ms: int,
+    ) -> None:
+        """Append one record batch, already encoded (``record_batch.build_batch``),
+        at ``base_offset`` (at or past the log end; a gap is left as compaction
+        leaves one): the CommitLog engine's compaction logs (mqstore.compaction)
+        copy queues this way, keeping their offsets. No auto-creation, no key check,
+        never a sync wait.
+
+        Raises:
+            UnknownTopicError: no such partition.
+            InvalidArgumentError: ``base_offset`` is below the log end.
+            LimitExceededError: the batch is over max_message_size_bytes.
+            DiskFullError: no room (nothing appended).
+        """
+        self._check_open()
+        partition_log = self._log(topic, partition)
+        if len(batch) > self._batch_size_max_bytes:
+            raise LimitExceededError(
+                f"a batch of {len(batch)} bytes is over the {self._batch_size_max_bytes}-byte limit"
+            )
+        start = partition_log.log_start_offset
+        partition_log.append(batch, count, max_timestamp_ms, base_offset=base_offset)
+        if partition_log.log_start_offset != start:  # an empty log started at a gap
+            self._write_log_start_offsets()
+
+    def roll(self, topic: str, partition: int) -> None:
+        """Start a new segment now unless the active one is empty (the active segment
+        is never cleaned: ``mqstore compact`` on the CommitLog engine rolls first)."""
+        self._check_open()
+        self._log(topic, partition).roll()
+
     def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
         """Move the log start offset up to ``before_offset`` (Kafka's DeleteRecords).
         Whole segments below it go at the next retention run.

@@ -78,8 +78,8 @@ def _store_cases() -> list[tuple[str, object]]:
         ("create_topic partitions str", lambda s: s.create_topic("n", "2")),
         ("create_topic timestamp_type", lambda s: s.create_topic("n", 1, timestamp_type="X")),
         (
-            "create_topic cleanup compact",
-            lambda s: s.create_topic("n", 1, cleanup_policy="compact"),
+            "create_topic cleanup unknown",
+            lambda s: s.create_topic("n", 1, cleanup_policy="compact,forever"),
         ),
         ("create_topic retention str", lambda s: s.create_topic("n", 1, retention_ms="1")),
         ("add_partitions shrink", lambda s: s.add_partitions("k", 1)),

@@ -45,6 +45,27 @@ def test_a_compacted_topic_from_the_shell(tmp_path: Path) -> None:
     assert "no problem" in verified
 
 
+def test_a_compacted_topic_on_the_commitlog_engine_from_the_shell(tmp_path: Path) -> None:
+    """The default engine: the topic's queues are copied and the copies compacted
+    (mqstore.compaction); ``compact`` cleans everything copied."""
+    store = tmp_path / "c"
+    mqstore(store, "topics", "create", "cfg", "--topic-config", "cleanup.policy=compact")
+    lines = b"".join(b"key-%d:value-%03d\n" % (i % 4, i) for i in range(200))
+    mqstore(store, "produce", "cfg", "--key-separator", ":", stdin=lines)
+    described = mqstore(store, "topics", "describe", "cfg", "--json")
+    (data,) = json_lines(described)
+    assert data["configs"]["cleanup.policy"] == "compact"
+    (result,) = json_lines(mqstore(store, "compact", "cfg", "--json"))
+    assert result["partition"] == 0 and result["keys"] == 4
+    assert result["bytes_read"] > result["bytes_written"] > 0
+    consumed = mqstore(store, "consume", "cfg", "--from", "earliest", "--json")
+    records = [json.loads(line) for line in consumed.stdout.decode().splitlines()]
+    assert [r["value"] for r in records] == ["value-196", "value-197", "value-198", "value-199"]
+    assert [r["offset"] for r in records] == [196, 197, 198, 199]
+    stats = mqstore(store, "stats").stdout.decode()
+    assert "compaction_files" in stats and "compaction_bytes" in stats
+
+
 def test_keyless_records_and_bad_settings_are_one_line_errors(tmp_path: Path) -> None:
     pytest.importorskip("mqstore.segmented")
     store = tmp_path / "k"
@@ -61,9 +82,9 @@ def test_keyless_records_and_bad_settings_are_one_line_errors(tmp_path: Path) ->
     result = mqstore(store, *SEGMENTED, "compact", "plain", code=1)
     assert_one_line_error(result, "nothing to compact")
     commitlog = tmp_path / "c"
-    result = mqstore(
-        commitlog, "topics", "create", "t", "--topic-config", "cleanup.policy=compact", code=1
-    )
-    assert_one_line_error(result, "CommitLog engine")
-    result = mqstore(commitlog, "compact", "t", code=1)
-    assert_one_line_error(result, "segmented engine")
+    mqstore(commitlog, "topics", "create", "t", "--topic-config", "cleanup.policy=compact")
+    result = mqstore(commitlog, "produce", "t", stdin=b"no key\n", code=1)
+    assert_one_line_error(result, "without a key")
+    mqstore(commitlog, "topics", "create", "plain")
+    result = mqstore(commitlog, "compact", "plain", code=1)
+    assert_one_line_error(result, "nothing to compact")

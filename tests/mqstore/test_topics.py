@@ -261,14 +261,18 @@ def test_compaction_settings_have_kafkas_defaults_and_persist_only_when_set(tmp_
         assert store.describe_topic("plain").cleanup_policy == "compact"
 
 
-def test_the_commitlog_engine_refuses_compaction_until_it_has_one(open_store):
-    from mqstore.commitlog.errors import InvalidArgumentError
-
+def test_the_commitlog_engine_takes_the_compaction_settings(open_store):
     store = open_store()
-    with pytest.raises(InvalidArgumentError, match="CommitLog engine"):
-        store.create_topic("t", 1, topic_configs={"cleanup.policy": "compact"})
+    created = store.create_topic("c", 1, topic_configs={"cleanup.policy": "compact"})
+    assert created.compacted and not created.deletes
     store.create_topic("t", 1, topic_configs={"retention.ms": "-1", "delete.retention.ms": "5"})
-    with pytest.raises(InvalidArgumentError, match="CommitLog engine"):
-        store.alter_topic("t", {"cleanup.policy": "compact,delete"})
+    altered = store.alter_topic("t", {"cleanup.policy": "compact,delete"})
+    assert altered.compacted and altered.deletes and altered.delete_retention_ms == 5
     assert store.alter_topic("t", {"retention.ms": "1000"}).retention_ms == 1000
-    assert store.describe_topic("t").cleanup_policy == "delete"
+    assert store.describe_topic("t").cleanup_policy == "compact,delete"
+    copy = store._compaction.store.describe_topic("t")  # the copy has the same settings
+    assert (copy.cleanup_policy, copy.delete_retention_ms, copy.retention_ms) == (
+        "compact,delete",
+        5,
+        1000,
+    )
