@@ -38,6 +38,7 @@ from mqstore.commitlog.errors import (
     DiskFullError,
     FlushTimeoutError,
     InvalidArgumentError,
+    InvalidRecordError,
     LimitExceededError,
     OffsetOutOfRangeError,
     StoreError,
@@ -45,6 +46,12 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.offsets import OffsetStore, validate_group
+from mqstore.topics import (
+    KAFKA_TOPIC_CONFIGS,
+    TopicConfig,
+    check_topic_config,
+    parse_kafka_configs,
+)
 
 __all__ = ["FetchPass", "Handlers"]
 
@@ -87,6 +94,8 @@ def error_for(error: StoreError) -> int:
     """Kafka's error code for a store error on a partition."""
     if isinstance(error, InvalidBatchError):
         return error.error_code
+    if isinstance(error, InvalidRecordError):  # a keyless record on a compacted topic
+        return ErrorCode.INVALID_RECORD
     if isinstance(error, UnknownTopicError):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if isinstance(error, OffsetOutOfRangeError):
@@ -241,11 +250,19 @@ class Handlers:
         if partitions == -1:
             partitions = self.config.default_partitions
         timestamp_type = "CreateTime"
+        configs: dict[str, str] = {}
         for entry in topic.configs or ():
             if entry.name == "message.timestamp.type" and entry.value in TIMESTAMP_TYPES:
                 timestamp_type = entry.value
+            elif entry.name in KAFKA_TOPIC_CONFIGS and entry.value is not None:
+                configs[entry.name] = entry.value  # cleanup.policy=compact...
             else:
                 return ErrorCode.INVALID_CONFIG, f"config {entry.name}={entry.value} not served"
+        try:  # the settings alone, before any other check
+            fields = parse_kafka_configs(topic.name, configs)
+            check_topic_config(TopicConfig(name="t", partitions=1, **fields))
+        except StoreError as error:
+            return ErrorCode.INVALID_CONFIG, str(error)
         if topic.replication_factor not in (-1, 1) or topic.assignments:
             return ErrorCode.INVALID_REPLICATION_FACTOR, "one broker: replication factor 1"
         try:
@@ -259,7 +276,7 @@ class Handlers:
         if validate_only:
             return 0, None
         try:
-            self.log.create_topic(topic.name, partitions, timestamp_type)
+            self.log.create_topic(topic.name, partitions, timestamp_type, configs)
         except StoreError as error:
             if topic.name in self.log.topics():
                 return ErrorCode.TOPIC_ALREADY_EXISTS, str(error)

@@ -25,7 +25,7 @@ returns only once they are durable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple, Protocol
 
 from mqstore.broker.batch import ProducedBatch, build_fetch_batch, decode_produced
@@ -61,7 +61,13 @@ class PartitionLog(Protocol):
 
     def topics(self) -> dict[str, TopicConfig]: ...
 
-    def create_topic(self, name: str, partitions: int, timestamp_type: str) -> TopicConfig: ...
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        timestamp_type: str,
+        topic_configs: Mapping[str, str] | None = None,
+    ) -> TopicConfig: ...
 
     def describe_topic(self, name: str) -> TopicConfig: ...
 
@@ -93,8 +99,17 @@ class RecordLog:
     def topics(self) -> dict[str, TopicConfig]:
         return self.engine.list_topics()
 
-    def create_topic(self, name: str, partitions: int, timestamp_type: str) -> TopicConfig:
-        return self.engine.create_topic(name, partitions, timestamp_type=timestamp_type)
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        timestamp_type: str,
+        topic_configs: Mapping[str, str] | None = None,
+    ) -> TopicConfig:
+        """Kafka-named ``topic_configs`` (``cleanup.policy``...) win over the rest."""
+        return self.engine.create_topic(
+            name, partitions, timestamp_type=timestamp_type, topic_configs=topic_configs
+        )
 
     def describe_topic(self, name: str) -> TopicConfig:
         """The topic's config with its ``effective_*`` fields filled in."""

@@ -166,3 +166,45 @@ def test_list_and_describe_groups(broker: Broker) -> None:
     finally:
         consumer.close()
         admin.close()
+
+
+def test_a_compacted_topic_over_the_wire(broker: Broker) -> None:
+    """confluent-kafka's AdminClient creates a compacted topic; its producer's keyless
+    record is refused with INVALID_RECORD; after a pass, a consumer from the earliest
+    offset reads the latest value of each key at its original offset."""
+    client = ck_admin(broker)
+    new = confluent_admin.NewTopic(
+        "table", 1, config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+    )
+    client.create_topics([new])["table"].result(timeout=30)
+    assert broker.engine.describe_topic("table").compacted
+    bad = confluent_admin.NewTopic("bad", 1, config={"cleanup.policy": "forever"})
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_CONFIG"):
+        client.create_topics([bad])["bad"].result(timeout=30)
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "enable.idempotence": False}
+    )
+    errors: list[Any] = []
+    for i in range(40):
+        producer.produce("table", key=b"k%d" % (i % 4), value=b"v%d" % i)
+    producer.flush(30)
+    producer.produce("table", value=b"no key", on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(30)
+    assert [e.code() for e in errors] == [confluent_kafka.KafkaError.INVALID_RECORD]
+    engine = broker.engine
+    if hasattr(engine, "roll"):  # segmented: the active segment is never cleaned
+        engine.roll("table", 0)
+    (result,) = engine.compact("table")
+    assert result.keys == 4
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "g", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe(["table"])
+    seen: list[tuple[int, bytes, bytes]] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 4 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            seen.append((message.offset(), message.key(), message.value()))
+    consumer.close()
+    assert seen == [(36 + i, b"k%d" % i, b"v%d" % (36 + i)) for i in range(4)]
