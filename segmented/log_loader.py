@@ -29,6 +29,7 @@ from typing import Final
 
 import attrs
 
+from mqstore.commitlog.durable import makedirs_durable
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.segmented.files import (
     CLEANED_SUFFIX,
@@ -76,7 +77,7 @@ def load_partition(
     Raises:
         CorruptDataError: only if a segment that must be kept cannot be read at all.
     """
-    os.makedirs(directory, exist_ok=True)
+    makedirs_durable(directory)  # its entry in the store's directory survives a power cut
     bases = _remove_leftovers(directory)
     # After a crash, segments from the one holding the recovery point are rebuilt
     # anyway: checking their indexes first would only scan them twice.
@@ -89,6 +90,7 @@ def load_partition(
     ]
     if not segments:
         segments = [LogSegment.create(directory, log_start_offset, settings, cache)]
+        fsync_directory(directory)  # the segment's names: an append's sync covers data only
         return LoadedLog(
             segments=segments,
             next_offset=log_start_offset,
@@ -113,6 +115,7 @@ def load_partition(
                     directory, log_start_offset, next_offset)  # fmt: skip
         _delete(segments)
         segments = [LogSegment.create(directory, log_start_offset, settings, cache)]
+        fsync_directory(directory)
         next_offset = recovery_point = log_start_offset
     return LoadedLog(
         segments=segments,

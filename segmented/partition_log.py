@@ -150,6 +150,9 @@ class PartitionLog:
         new = LogSegment.create(
             self.directory, self.next_offset, self.settings.segment, self._cache
         )
+        # The new files' names must be durable before an append into them is: a sync of
+        # the .log covers its data, not its directory entry (a power cut would undo it).
+        fsync_directory(self.directory)
         self._publish([*self.segments, new])
         return new
 

@@ -60,6 +60,7 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
+from mqstore.commitlog.durable import makedirs_durable
 from mqstore.commitlog.flush import GroupCommitService
 from mqstore.commitlog.lock import StoreLock
 from mqstore.commitlog.record import validate_topic
@@ -173,7 +174,7 @@ class SegmentedStore:
         if not isinstance(config, SegmentedConfig):
             raise InvalidTypeError(f"config must be a SegmentedConfig, not {type(config).__name__}")
         root = os.fspath(path)
-        os.makedirs(root, exist_ok=True)
+        makedirs_durable(root)
         started = time.perf_counter()
         store = cls(root, config, clock_ms or _wall_clock_ms)
         try:
