@@ -17,6 +17,7 @@ setup(
                 "commitlog/_columns.c",
                 "commitlog/_dispatch.c",
                 "consumequeue/_time.c",
+                "segmented/_records.c",
             ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -870,6 +870,8 @@ static PyMethodDef methods[] = {
      "The first index in [start, end) of an int64 array whose item >= T, or -1 (_time.c)."},
     {"dispatch_columns", (PyCFunction)(void (*)(void))mqstore_dispatch_columns, METH_FASTCALL,
      "The dispatcher's columns of a run of records in one file (_dispatch.c)."},
+    {"record_spans", (PyCFunction)(void (*)(void))mqstore_record_spans, METH_FASTCALL,
+     "The records of a Kafka record batch v2: spans of each, checked (_records.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -288,4 +288,7 @@ enum {
 
 PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* segmented/_records.c: the records of a Kafka record batch v2, walked. */
+PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif /* MQSTORE_NATIVE_H */

@@ -51,7 +51,8 @@ esac
 # Appender.append), the tail writer and the dispatcher (write_units, feed_columns), the
 # crafted-ConsumeQueue-unit test through MessageStore.get, the time look-up
 # (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time, and the
-# dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open.
+# dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open,
+# and the Kafka record walk (record_spans) alone and through the segmented cleaner.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -66,6 +67,8 @@ TESTS=(
     tests/consumequeue/test_queue_time.py
     tests/commitlog/test_header_scan.py
     tests/dispatch/test_log_scan.py
+    tests/segmented/test_record_batch.py
+    tests/segmented/test_cleaner.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

@@ -9,8 +9,10 @@ is no replication, so the high watermark is the log end and bounds nothing more)
 
 One pass (``Cleaner.clean``):
 
-1. Map every key of the dirty section to its latest offset (``OffsetMap``: MD5
-   digest -> offset, at most ``entries_max`` keys). A full map stops the pass at
+1. Map every key of the dirty section to its latest offset (``OffsetMap``: a
+   128-bit digest -> offset, at most ``entries_max`` keys; Kafka digests with MD5,
+   here XXH3-128, which is as collision-resistant for this use and several times
+   faster). A full map stops the pass at
    the last offset it mapped: that offset + 1 is the new cleaner point, and every
    record past it is kept, so a full map loses nothing.
 2. Group the segments from the log start up to that end by size (total bytes <=
@@ -35,7 +37,6 @@ same section again. Records are never lost or reordered at any step.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -43,9 +44,9 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 import attrs
+from xxhash import xxh3_128_digest
 
 from mqstore.commitlog.errors import CorruptDataError
-from mqstore.engine import EngineRecord
 from mqstore.segmented.files import (
     CLEANED_SUFFIX,
     INDEX_SUFFIX,
@@ -57,11 +58,13 @@ from mqstore.segmented.partition_log import PartitionLog
 from mqstore.segmented.record_batch import (
     DELETE_HORIZON_MASK,
     HEADER,
+    HEADER_SIZE,
     BatchHeader,
     MalformedBatchError,
     decode_records,
     encode_record,
     rebuild_batch,
+    record_spans,
 )
 from mqstore.segmented.segment import LogSegment
 
@@ -117,7 +120,7 @@ class OffsetMap:
         """Record ``offset`` for ``key``; False (nothing changed) if the map is full
         and ``key`` is new."""
         assert offset > self.latest_offset
-        digest = hashlib.md5(key, usedforsecurity=False).digest()
+        digest = xxh3_128_digest(key)
         offsets = self._offsets
         if digest not in offsets and len(offsets) >= self.entries_max:
             return False
@@ -127,7 +130,7 @@ class OffsetMap:
 
     def get(self, key: bytes) -> int:
         """The latest offset mapped for ``key``, or -1."""
-        return self._offsets.get(hashlib.md5(key, usedforsecurity=False).digest(), -1)
+        return self._offsets.get(xxh3_128_digest(key), -1)
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -270,11 +273,14 @@ class Cleaner:
             if next_base <= first_dirty:
                 continue
             read_bytes += segment.size_bytes
-            for _, _, records, _ in _batches(segment):
-                for record in records:
-                    if record.offset < first_dirty or record.offset >= end or record.key is None:
+            for raw, header, spans, _ in _batches(segment):
+                base = header.base_offset
+                deltas, key_starts, key_sizes = spans[0], spans[1], spans[2]
+                for delta, key_start, key_size in zip(deltas, key_starts, key_sizes, strict=True):
+                    offset = base + delta
+                    if offset < first_dirty or offset >= end or key_size < 0:
                         continue
-                    if not offset_map.put(record.key, record.offset):
+                    if not offset_map.put(raw[key_start : key_start + key_size], offset):
                         return read_bytes, True
         # The whole section was mapped, keyless and empty batches included (Kafka
         # updates the map's latest offset per batch): nothing below ``end`` lies
@@ -305,9 +311,9 @@ class Cleaner:
         try:
             for segment in group:
                 last_segment = segment is group[-1]
-                for raw, header, records, last in _batches(segment):
+                for raw, header, spans, last in _batches(segment):
                     batch = _filter_batch(
-                        raw, header, records, offset_map, now_ms, settings.delete_retention_ms,
+                        raw, header, spans, offset_map, now_ms, settings.delete_retention_ms,
                         last_segment and last,
                     )  # fmt: skip
                     if batch is None:
@@ -349,9 +355,10 @@ def _hook(stage_hook: Callable[[str], None] | None, stage: str) -> None:
 
 def _batches(
     segment: LogSegment,
-) -> Iterator[tuple[bytes, BatchHeader, list[EngineRecord], bool]]:
-    """(bytes, header, records, whether it is the last) of every batch of
-    ``segment``, CRC-checked.
+) -> Iterator[tuple[bytes, BatchHeader, list[list[int]], bool]]:
+    """(bytes, header, record spans, whether it is the last) of every batch of
+    ``segment``, CRC-checked; the spans (``record_spans``: C when built) are
+    positions in the batch's bytes, every record checked, none decoded.
 
     Raises:
         CorruptDataError: a batch does not validate.
@@ -362,8 +369,10 @@ def _batches(
         end = segment.size_bytes
         for position, header, buffer, start in segment._batches(0, end, verify_crc=True):
             raw = buffer[start : start + header.size]
-            records = decode_records(buffer, start, header, 0, header.records_count)
-            yield raw, header, records, position + header.size == end
+            spans = record_spans(
+                raw, HEADER_SIZE, header.size, header.records_count, header.last_offset_delta
+            )
+            yield raw, header, spans, position + header.size == end
     except MalformedBatchError as error:
         raise CorruptDataError(segment.log_path, error.position, error.reason) from None
     finally:
@@ -396,46 +405,55 @@ def _group_by_size(
 def _filter_batch(
     raw: bytes,
     header: BatchHeader,
-    records: list[EngineRecord],
+    spans: list[list[int]],
     offset_map: OffsetMap,
     now_ms: int,
     delete_retention_ms: int,
     keep_empty: bool,
 ) -> bytearray | None:
     """The batch to write for ``header``: None to drop it, the original or rebuilt
-    bytes otherwise (Kafka's shouldRetainRecord and the batch retention rules)."""
+    bytes otherwise (Kafka's shouldRetainRecord and the batch retention rules).
+    Kept records are copied as they are; only a batch whose tombstones get their
+    delete horizon stamped now is decoded and re-encoded (its base timestamp moves)."""
     has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
     retain_deletes = not has_horizon or now_ms < header.base_timestamp
     latest = offset_map.latest_offset
-    kept = []
-    for record in records:
-        if record.offset > latest:
-            kept.append(record)
+    base = header.base_offset
+    deltas, key_starts, key_sizes, _, value_sizes, starts = spans
+    kept: list[int] = []
+    for i, delta in enumerate(deltas):
+        offset = base + delta
+        if offset > latest:
+            kept.append(i)
             continue
-        if record.key is None:  # refused at produce time; older files may hold one
+        key_size = key_sizes[i]
+        if key_size < 0:  # refused at produce time; older files may hold one
             continue
-        if record.offset < offset_map.get(record.key):
+        if offset < offset_map.get(raw[key_starts[i] : key_starts[i] + key_size]):
             continue
-        if record.value is not None or retain_deletes:
-            kept.append(record)
-    stamp = not has_horizon and any(record.value is None for record in kept)
-    if len(kept) == len(records) and not stamp:
-        return None if not records and not keep_empty else bytearray(raw)
+        if value_sizes[i] >= 0 or retain_deletes:
+            kept.append(i)
+    stamp = not has_horizon and any(value_sizes[i] < 0 for i in kept)
+    count = len(deltas)
+    if len(kept) == count and not stamp:
+        return None if not count and not keep_empty else bytearray(raw)
     if not kept and not keep_empty:
         return None
-    attributes = header.attributes
-    base_timestamp = header.base_timestamp
-    if stamp:
-        attributes |= DELETE_HORIZON_MASK
-        base_timestamp = now_ms + delete_retention_ms
+    if not stamp:
+        ends = [*starts[1:], len(raw)]
+        encoded = [raw[starts[i] : ends[i]] for i in kept]
+        return rebuild_batch(header, encoded, header.attributes, header.base_timestamp)
+    records = decode_records(raw, 0, header, 0, count)
+    base_timestamp = now_ms + delete_retention_ms
     encoded = [
         encode_record(
-            record.offset - header.base_offset,
+            record.offset - base,
             record.timestamp_ms - base_timestamp,
             record.key,
             record.value,
             [(name.encode(), value) for name, value in record.headers],
         )
-        for record in kept
+        for record in (records[i] for i in kept)
     ]
+    attributes = header.attributes | DELETE_HORIZON_MASK
     return rebuild_batch(header, encoded, attributes, base_timestamp)

@@ -46,11 +46,14 @@ Decoding errors never escape as IndexError or struct.error: they become
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
+import numpy as np
 from crc32c import crc32c
 
+from mqstore.commitlog.native import NATIVE
 from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, EngineRecord
 
 __all__ = [
@@ -552,6 +555,126 @@ def _decode_batch(
         raise MalformedBatchError(position, f"record does not decode: {error}") from None
     if index == count - 1 and cursor != end:
         raise MalformedBatchError(cursor, f"{end - cursor} bytes left over after the records")
+
+
+# ---------------------------------------------------------------------- spans
+
+#: Fields per record of ``record_spans``: offset delta, key start, key size (-1:
+#: null), value start, value size (-1: null), record start.
+SPAN_FIELDS: Final = 6
+_MASK64: Final = (1 << 64) - 1
+_record_spans_c: Any = None if NATIVE is None else NATIVE.record_spans
+
+
+def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: int) -> bytes:
+    """The pure-Python twin of the C ``record_spans`` (segmented/_records.c, which
+    states the contract): the records of a checked batch in ``buffer[start:end]``,
+    ``SPAN_FIELDS`` native int64 per record, each field checked as Kafka checks it.
+
+    Raises:
+        ValueError: ``(position, reason)`` for a record that does not decode, or a
+            plain message for arguments out of range.
+    """
+    if not 0 <= start <= end <= len(buffer):
+        raise ValueError("record_spans: need 0 <= start <= end <= len(buffer)")
+    if count < 0 or count > (end - start) // 7 + 1 or last_delta < -1:
+        raise ValueError((start, "impossible record count or last offset delta"))
+    view = memoryview(buffer).cast("B") if not isinstance(buffer, bytes) else buffer
+    rows = array("q")
+    dense = count == last_delta + 1
+    previous = -1
+    cursor = start
+
+    def zigzag(limit: int) -> int:
+        nonlocal cursor
+        result = 0
+        for shift in range(0, 70, 7):
+            if cursor >= limit:
+                raise ValueError((cursor, "cut off"))
+            byte = view[cursor]
+            cursor += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                result &= _MASK64
+                signed = result >> 1
+                return -signed - 1 if result & 1 else signed
+        raise ValueError((cursor, "varint longer than 10 bytes"))
+
+    for index in range(count):
+        record_start = cursor
+        try:
+            length = zigzag(end)
+        except ValueError:
+            raise ValueError((record_start, "record length")) from None
+        if length < 0 or length > end - cursor:
+            raise ValueError((record_start, "record length"))
+        record_end = cursor + length
+        cursor += 1  # attributes
+        try:
+            if cursor > record_end:
+                raise ValueError
+            zigzag(record_end)  # timestamp delta
+            delta = zigzag(record_end)
+        except ValueError:
+            raise ValueError((record_start, "record does not decode")) from None
+        if delta != index if dense else not previous < delta <= last_delta:
+            raise ValueError((cursor, "offset delta out of order"))
+        previous = delta
+        fields = [delta]
+        for what in ("key size", "value size"):
+            at = cursor
+            try:
+                size = zigzag(record_end)
+            except ValueError:
+                raise ValueError((at, what)) from None
+            if size < -1 or size > record_end - cursor:
+                raise ValueError((cursor, what))
+            fields += (cursor, size)
+            cursor += max(size, 0)
+        at = cursor
+        try:
+            headers = zigzag(record_end)
+        except ValueError:
+            raise ValueError((at, "header count")) from None
+        if headers < 0 or headers > record_end - cursor:
+            raise ValueError((cursor, "header count"))
+        for _ in range(headers):
+            for what, least in (("header key", 0), ("header value", -1)):
+                at = cursor
+                try:
+                    size = zigzag(record_end)
+                except ValueError:
+                    raise ValueError((at, what)) from None
+                if size < least or size > record_end - cursor:
+                    raise ValueError((cursor, what))
+                cursor += max(size, 0)
+        if cursor != record_end:
+            raise ValueError((cursor, "record does not fill its length"))
+        fields.append(record_start)
+        rows.extend(fields)
+    if cursor != end:
+        raise ValueError((cursor, "bytes left over after the records"))
+    return rows.tobytes()
+
+
+def record_spans(buffer: Any, start: int, end: int, count: int, last_delta: int) -> list[list[int]]:
+    """``record_spans`` (C when built) as SPAN_FIELDS lists: offset deltas, key
+    starts, key sizes, value starts, value sizes, record starts.
+
+    Raises:
+        MalformedBatchError: a record does not decode (its position in ``buffer``).
+    """
+    function = _record_spans_c if _record_spans_c is not None else record_spans_py
+    try:
+        packed = function(buffer, start, end, count, last_delta)
+    except ValueError as error:
+        if error.args and isinstance(error.args[0], tuple):
+            position, reason = error.args[0]
+            raise MalformedBatchError(position, reason) from None
+        raise
+    rows = np.frombuffer(packed, dtype=np.int64).reshape(-1, SPAN_FIELDS)
+    columns: list[list[int]] = rows.T.tolist()
+    return columns
 
 
 def _decode_headers(

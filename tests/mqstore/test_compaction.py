@@ -32,7 +32,7 @@ from .conftest import SMALL
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 START_MS = 1_700_000_000_000
-KEYS = ["k%d" % i for i in range(6)]  # a small key space: most records go obsolete
+KEYS = [f"k{i}" for i in range(6)]  # a small key space: most records go obsolete
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0"}
 
 
@@ -373,7 +373,7 @@ def test_a_sigkill_at_each_stage_of_a_pass_loses_nothing(tmp_path, stage) -> Non
     model = Model()
     for i in range(300):
         body = None if i % 17 == 0 else b"value-%d" % i
-        model.put(i, START_MS, "k%d" % (i % 7), body)
+        model.put(i, START_MS, f"k{i % 7}", body)
     clock = FakeClock()
     config = StoreConfig(commitlog_file_size_bytes=64 * 1024, prewarm=False)
     with MessageStore.open(root, config, clock_ms=clock) as store:

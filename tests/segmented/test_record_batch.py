@@ -238,3 +238,75 @@ def test_a_compacted_batch_with_offset_deltas_out_of_order_is_malformed():
     too_many = rebuild_batch(header, [encode_record(0, 0, b"k", b"v", [])] * 4, 0, 0)
     with pytest.raises(MalformedBatchError, match="does not fit"):
         check_batch(bytes(too_many), 0)
+
+
+# ---------------------------------------------------------------------- record spans
+
+
+def _spans_both(data: bytes, header) -> tuple:
+    """(C, twin) outcomes of record_spans over one batch: the packed rows, or the
+    error's (position, reason)."""
+    from mqstore.commitlog.native import NATIVE
+    from mqstore.segmented.record_batch import record_spans_py
+
+    args = (data, HEADER_SIZE, header.size, header.records_count, header.last_offset_delta)
+    outcomes = []
+    functions = [record_spans_py] + ([NATIVE.record_spans] if NATIVE is not None else [])
+    for function in functions:
+        try:
+            outcomes.append(("ok", function(*args)))
+        except ValueError as error:
+            outcomes.append(("raised", error.args[0]))
+    return tuple(outcomes)
+
+
+@given(records=st.lists(producer_records, min_size=1, max_size=8))
+def test_record_spans_point_at_each_records_key_and_value_in_c_and_python(records) -> None:
+    from mqstore.segmented.record_batch import record_spans
+
+    data = bytes(_batch(records))
+    header = check_batch(data, 0)
+    outcomes = _spans_both(data, header)
+    assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
+    deltas, key_starts, key_sizes, value_starts, value_sizes, starts = record_spans(
+        data, HEADER_SIZE, header.size, header.records_count, header.last_offset_delta
+    )
+    decoded = decode_records(data, 0, header, 0, len(records))
+    assert deltas == list(range(len(records)))
+    for i, record in enumerate(decoded):
+        key = None if key_sizes[i] < 0 else data[key_starts[i] : key_starts[i] + key_sizes[i]]
+        value = (
+            None if value_sizes[i] < 0 else data[value_starts[i] : value_starts[i] + value_sizes[i]]
+        )
+        assert (key, value) == (record.key, record.value)
+    ends = [*starts[1:], len(data)]
+    rebuilt = b"".join(data[s:e] for s, e in zip(starts, ends, strict=True))
+    assert rebuilt == data[HEADER_SIZE:]  # the records tile the batch
+
+
+@settings(max_examples=300)
+@given(
+    records=st.lists(producer_records, min_size=1, max_size=4),
+    position=st.integers(min_value=0, max_value=10_000),
+    value=st.integers(0, 255),
+)
+def test_record_spans_agree_on_damaged_records_and_never_read_outside(
+    records, position, value
+) -> None:
+    """A byte of the records section replaced (the header is taken as it was, as
+    after the CRC check): C and the twin return the same spans or both raise, with
+    the same position and reason, and every span lies inside the batch."""
+    data = bytearray(_batch(records))
+    header = check_batch(bytes(data), 0)
+    at = HEADER_SIZE + position % (len(data) - HEADER_SIZE)
+    data[at] = value
+    outcomes = _spans_both(bytes(data), header)
+    assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
+    if outcomes[0][0] == "ok":
+        import numpy as np
+
+        rows = np.frombuffer(outcomes[0][1], dtype=np.int64).reshape(-1, 6)
+        for _, key_start, key_size, value_start, value_size, start in rows.tolist():
+            assert HEADER_SIZE <= start < len(data)
+            assert key_start + max(key_size, 0) <= len(data)
+            assert value_start + max(value_size, 0) <= len(data)
