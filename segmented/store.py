@@ -51,6 +51,7 @@ from typing import Any, Final
 
 import attrs
 
+from mqstore.commitlog.durable import makedirs_durable
 from mqstore.commitlog.errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -60,7 +61,6 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from mqstore.commitlog.durable import makedirs_durable
 from mqstore.commitlog.flush import GroupCommitService
 from mqstore.commitlog.lock import StoreLock
 from mqstore.commitlog.record import validate_topic
