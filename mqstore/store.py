@@ -450,9 +450,13 @@ class MessageStore(CommitLogEngine, StoreReader):
 
     def _file_retention_ms(self) -> float:
         """How old a CommitLog file may grow: the longest retention of any topic
-        (every file holds every topic), infinite when one keeps forever (-1)."""
+        (every file holds every topic), infinite when one keeps forever (-1). A
+        compacted topic's copy keeps its records: it does not hold files back (and
+        retention waits for its copy anyway, ``_compaction_floor``)."""
+        copied = self._compaction is not None
+        topics = [t for t in self.topics.all().values() if not (copied and t.compacted)]
         return retention.file_retention_ms(
-            self.topics.all().values(), retention.hours_to_ms(self.config.retention_hours)
+            topics, retention.hours_to_ms(self.config.retention_hours)
         )
 
     def _apply_topic_retention(self) -> int:

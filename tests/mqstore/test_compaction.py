@@ -431,3 +431,17 @@ def test_a_read_only_store_reads_the_writers_copies(tmp_path) -> None:
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_compacted_topic_kept_forever_does_not_hold_commitlog_files(tmp_path) -> None:
+    """retention.ms=-1 on a compacted topic (a changelog) would keep every CommitLog
+    file if it counted: its copy keeps its records, so it does not count."""
+    clock = FakeClock()
+    store = MessageStore.open(tmp_path / "s", _config(), clock_ms=clock)
+    store.create_topic("c", topic_configs={**COMPACT, "retention.ms": "-1"})
+    for i in range(12):
+        store.put("c", 0, b"v%d" % i, keys=KEYS[i % 6])
+    _fill_and_age(store, clock)
+    assert store.run_retention().deleted_files > 0
+    assert [bytes(m.body) for m in _read_all(store)][-6:] == [b"v%d" % i for i in range(6, 12)]
+    store.close()
