@@ -32,6 +32,7 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
         ["--mib", "1024", "--rounds", "5", "--body-bytes", "1024", "100"],
     ),
     ("broker", ["--rounds", "3"], ["--rounds", "5"]),
+    ("broker_fetch", ["--rounds", "3", "--profile"], ["--rounds", "5", "--profile"]),
     (
         "compaction",
         ["--rounds", "3"],

@@ -19,7 +19,17 @@ import os
 from typing import Any
 
 #: The benchmarks whose targets the report shows, in the order it shows them.
-SOURCES = ("read", "put", "queues", "visibility", "offset_time", "recovery", "broker", "compaction")
+SOURCES = (
+    "read",
+    "put",
+    "queues",
+    "visibility",
+    "offset_time",
+    "recovery",
+    "broker",
+    "broker_fetch",
+    "compaction",
+)
 
 #: bench/put.py's ratios that are targets: (ratio key, row, goal).
 PUT_TARGETS = (

@@ -13,13 +13,31 @@ reader reports for its records (as Kafka's broker does).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
-from mqstore.segmented.record_batch import HEADER_SIZE, build_batch, encode_record
+from crc32c import crc32c
 
-__all__ = ["RECORDS_PER_BATCH_MAX", "BuiltBatch", "build"]
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
+from mqstore.engine import EngineRecord
+from mqstore.segmented.record_batch import (
+    ATTRIBUTES_POSITION,
+    COVERED,
+    CRC_POSITION,
+    DELETE_HORIZON_MASK,
+    HEADER_SIZE,
+    TIMESTAMP_TYPE_MASK,
+    MalformedBatchError,
+    build_batch,
+    check_batch,
+    decode_records,
+    encode_record,
+)
+
+__all__ = ["RECORDS_PER_BATCH_MAX", "BuiltBatch", "adopt", "build"]
+
+_CRC: Final = struct.Struct(">I")
 
 RECORDS_PER_BATCH_MAX: Final = 1 << 20  # one batch holds the partition lock; bound how long
 TIMESTAMP_MAX_MS: Final = 2**63 - 1
@@ -108,6 +126,61 @@ def build(
         max_timestamp_ms = now_ms
     batch = build_batch(encoded, base_timestamp_ms, max_timestamp_ms, log_append_time)
     return BuiltBatch(batch, count, max_timestamp_ms, sizes)
+
+
+def adopt(
+    data: bytes | bytearray, now_ms: int, log_append_time: bool, size_max_bytes: int
+) -> tuple[BuiltBatch, list[EngineRecord]]:
+    """A producer's whole batch, validated to be stored as it is: Kafka's LogValidator
+    in place, so the producer's bytes and CRC reach the consumer. On a LogAppendTime
+    topic bit 3 and the max timestamp are set and the CRC recomputed, as Kafka does.
+    Returns the batch (base offset still to fill in) and its decoded records.
+
+    Raises:
+        LimitExceededError: larger than ``size_max_bytes``.
+        InvalidArgumentError: not exactly one valid batch v2 (size, magic, CRC-32C,
+            a known codec, records that inflate within the bound), a count that
+            does not match its offset deltas, records that do not decode or fill
+            it, a negative timestamp, a delete horizon.
+    """
+    if len(data) > size_max_bytes:
+        raise LimitExceededError(f"a {len(data)}-byte batch exceeds {size_max_bytes} bytes")
+    raw = bytes(data)
+    try:
+        header = check_batch(raw, 0)
+        if header.size != len(raw):
+            raise MalformedBatchError(header.size, f"{len(raw) - header.size} bytes after it")
+        count = header.records_count
+        if count < 1 or count != header.last_offset_delta + 1:
+            raise MalformedBatchError(0, f"{count} records for offset delta {count - 1}")
+        if header.attributes & DELETE_HORIZON_MASK:
+            raise MalformedBatchError(0, "a producer's batch sets no delete horizon")
+        records = decode_records(raw, 0, header, header.base_offset, count)
+    except MalformedBatchError as error:
+        raise InvalidArgumentError(f"not a valid record batch: {error.reason}") from None
+    if len(records) != count:
+        raise InvalidArgumentError(f"{len(records)} records decoded of {count}")
+    stamps = [r.timestamp_ms for r in records]
+    if min(stamps) < 0:
+        raise InvalidArgumentError(f"a record timestamp {min(stamps)} is negative")
+    # Kafka's assignOffsetsNonCompressed: a max timestamp that is not the records'
+    # largest (CreateTime) or the append time (LogAppendTime) is set, CRC and all.
+    max_timestamp_ms = now_ms if log_append_time else max(stamps)
+    batch = bytearray(raw)
+    if log_append_time or max_timestamp_ms != header.max_timestamp:
+        attributes = header.attributes | (TIMESTAMP_TYPE_MASK if log_append_time else 0)
+        COVERED.pack_into(
+            batch, ATTRIBUTES_POSITION, attributes, header.last_offset_delta,
+            header.base_timestamp, max_timestamp_ms, header.producer_id,
+            header.producer_epoch, header.base_sequence, count,
+        )  # fmt: skip
+        _CRC.pack_into(batch, CRC_POSITION, crc32c(memoryview(batch)[ATTRIBUTES_POSITION:]))
+    sizes = [
+        (now_ms if log_append_time else r.timestamp_ms, r.serialized_key_size,
+         r.serialized_value_size, r.serialized_header_size)
+        for r in records
+    ]  # fmt: skip
+    return BuiltBatch(batch, count, max_timestamp_ms, sizes), records
 
 
 def _timestamp(value: object) -> int:

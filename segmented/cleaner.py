@@ -47,6 +47,7 @@ import attrs
 from xxhash import xxh3_128_digest
 
 from mqstore.commitlog.errors import CorruptDataError
+from mqstore.segmented.compression import InflateError
 from mqstore.segmented.files import (
     CLEANED_SUFFIX,
     INDEX_SUFFIX,
@@ -56,6 +57,7 @@ from mqstore.segmented.files import (
 )
 from mqstore.segmented.partition_log import PartitionLog
 from mqstore.segmented.record_batch import (
+    COMPRESSION_MASK,
     DELETE_HORIZON_MASK,
     HEADER,
     HEADER_SIZE,
@@ -63,6 +65,7 @@ from mqstore.segmented.record_batch import (
     MalformedBatchError,
     decode_records,
     encode_record,
+    inflated_batch,
     rebuild_batch,
     record_spans,
 )
@@ -273,14 +276,14 @@ class Cleaner:
             if next_base <= first_dirty:
                 continue
             read_bytes += segment.size_bytes
-            for raw, header, spans, _ in _batches(segment):
+            for _, body, header, spans, _ in _batches(segment):
                 base = header.base_offset
                 deltas, key_starts, key_sizes = spans[0], spans[1], spans[2]
                 for delta, key_start, key_size in zip(deltas, key_starts, key_sizes, strict=True):
                     offset = base + delta
                     if offset < first_dirty or offset >= end or key_size < 0:
                         continue
-                    if not offset_map.put(raw[key_start : key_start + key_size], offset):
+                    if not offset_map.put(body[key_start : key_start + key_size], offset):
                         return read_bytes, True
         # The whole section was mapped, keyless and empty batches included (Kafka
         # updates the map's latest offset per batch): nothing below ``end`` lies
@@ -311,10 +314,10 @@ class Cleaner:
         try:
             for segment in group:
                 last_segment = segment is group[-1]
-                for raw, header, spans, last in _batches(segment):
+                for raw, body, header, spans, last in _batches(segment):
                     batch = _filter_batch(
-                        raw, header, spans, offset_map, now_ms, settings.delete_retention_ms,
-                        last_segment and last,
+                        raw, body, header, spans, offset_map, now_ms,
+                        settings.delete_retention_ms, last_segment and last,
                     )  # fmt: skip
                     if batch is None:
                         continue
@@ -355,26 +358,32 @@ def _hook(stage_hook: Callable[[str], None] | None, stage: str) -> None:
 
 def _batches(
     segment: LogSegment,
-) -> Iterator[tuple[bytes, BatchHeader, list[list[int]], bool]]:
-    """(bytes, header, record spans, whether it is the last) of every batch of
-    ``segment``, CRC-checked; the spans (``record_spans``: C when built) are
-    positions in the batch's bytes, every record checked, none decoded.
+) -> Iterator[tuple[bytes, bytes, BatchHeader, list[list[int]], bool]]:
+    """(bytes, uncompressed bytes, header, record spans, whether it is the last) of
+    every batch of ``segment``, CRC-checked; the spans (``record_spans``: C when
+    built) are positions in the uncompressed bytes, every record checked, none
+    decoded. A compressed batch is inflated once here.
 
     Raises:
         CorruptDataError: a batch does not validate.
     """
     if not segment.pin():
         raise _Aborted(f"{segment.log_path} was deleted while cleaning")
+    position = 0
     try:
         end = segment.size_bytes
         for position, header, buffer, start in segment._batches(0, end, verify_crc=True):
             raw = buffer[start : start + header.size]
+            codec = header.attributes & COMPRESSION_MASK
+            body = inflated_batch(raw, 0, codec) if codec else raw
             spans = record_spans(
-                raw, HEADER_SIZE, header.size, header.records_count, header.last_offset_delta
+                body, HEADER_SIZE, len(body), header.records_count, header.last_offset_delta
             )
-            yield raw, header, spans, position + header.size == end
+            yield raw, body, header, spans, position + header.size == end
     except MalformedBatchError as error:
         raise CorruptDataError(segment.log_path, error.position, error.reason) from None
+    except InflateError as error:
+        raise CorruptDataError(segment.log_path, position, f"compressed batch: {error}") from None
     finally:
         segment.unpin()
 
@@ -404,6 +413,7 @@ def _group_by_size(
 
 def _filter_batch(
     raw: bytes,
+    body: bytes,
     header: BatchHeader,
     spans: list[list[int]],
     offset_map: OffsetMap,
@@ -413,8 +423,10 @@ def _filter_batch(
 ) -> bytearray | None:
     """The batch to write for ``header``: None to drop it, the original or rebuilt
     bytes otherwise (Kafka's shouldRetainRecord and the batch retention rules).
-    Kept records are copied as they are; only a batch whose tombstones get their
-    delete horizon stamped now is decoded and re-encoded (its base timestamp moves)."""
+    ``body`` is the batch with its records uncompressed (``raw`` itself unless it is
+    compressed); ``spans`` point into it. Kept records are copied as they are; only a
+    batch whose tombstones get their delete horizon stamped now is decoded and
+    re-encoded (its base timestamp moves)."""
     has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
     retain_deletes = not has_horizon or now_ms < header.base_timestamp
     latest = offset_map.latest_offset
@@ -429,7 +441,7 @@ def _filter_batch(
         key_size = key_sizes[i]
         if key_size < 0:  # refused at produce time; older files may hold one
             continue
-        if offset < offset_map.get(raw[key_starts[i] : key_starts[i] + key_size]):
+        if offset < offset_map.get(body[key_starts[i] : key_starts[i] + key_size]):
             continue
         if value_sizes[i] >= 0 or retain_deletes:
             kept.append(i)
@@ -439,11 +451,12 @@ def _filter_batch(
         return None if not count and not keep_empty else bytearray(raw)
     if not kept and not keep_empty:
         return None
+    attributes = header.attributes & ~COMPRESSION_MASK  # rewritten records go uncompressed
     if not stamp:
-        ends = [*starts[1:], len(raw)]
-        encoded = [raw[starts[i] : ends[i]] for i in kept]
-        return rebuild_batch(header, encoded, header.attributes, header.base_timestamp)
-    records = decode_records(raw, 0, header, 0, count)
+        ends = [*starts[1:], len(body)]
+        encoded = [body[starts[i] : ends[i]] for i in kept]
+        return rebuild_batch(header, encoded, attributes, header.base_timestamp)
+    records = decode_records(raw, 0, header, 0, count)  # inflates a compressed batch
     base_timestamp = now_ms + delete_retention_ms
     encoded = [
         encode_record(
@@ -455,5 +468,4 @@ def _filter_batch(
         )
         for record in (records[i] for i in kept)
     ]
-    attributes = header.attributes | DELETE_HORIZON_MASK
-    return rebuild_batch(header, encoded, attributes, base_timestamp)
+    return rebuild_batch(header, encoded, attributes | DELETE_HORIZON_MASK, base_timestamp)

@@ -42,6 +42,7 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
 )
 from mqstore.engine import EngineRecord
+from mqstore.segmented.file_records import FileSlice, FileSlices
 from mqstore.segmented.files import CLEANED_SUFFIX, SWAP_SUFFIX, fsync_directory
 from mqstore.segmented.index_file import MappedIndexCache
 from mqstore.segmented.log_loader import LoadedLog
@@ -215,6 +216,58 @@ class PartitionLog:
             # its last record, so the next offset is the next segment's base.
             offset = bases[i]
         return records
+
+    def read_slices(self, offset: int, bytes_max: int) -> FileSlices:
+        """The file ranges of the whole batches from the one holding (or following)
+        ``offset``, up to ``bytes_max`` bytes but at least one batch, below the log
+        end published now; each segment pinned until the result's ``release``
+        (Kafka's LogSegment.read -> FetchDataInfo). No slices at the log end.
+
+        Raises:
+            OffsetOutOfRangeError: below the log start or above the log end.
+            CorruptDataError: a batch header does not validate, or the offset is
+                missing from the last segment.
+        """
+        end_offset, segments, bases = self._view(offset)
+        slices: list[FileSlice] = []
+        taken_bytes = 0
+        i = bisect_right(bases, offset) - 1
+        try:
+            while offset < end_offset and i < len(segments):
+                segment = segments[i]
+                if not segment.pin():  # deleted by retention since the view was taken
+                    end_offset, segments, bases = self._view(offset)
+                    i = bisect_right(bases, offset) - 1
+                    continue
+                try:
+                    scan = segment.slice(
+                        offset, max(bytes_max - taken_bytes, 0), end_offset, not slices
+                    )
+                except BaseException:
+                    segment.unpin()
+                    raise
+                if scan.size_bytes:
+                    slices.append(
+                        FileSlice(segment, scan.position, scan.size_bytes, scan.records_count)
+                    )
+                    taken_bytes += scan.size_bytes
+                else:
+                    segment.unpin()
+                offset = scan.next_offset
+                if scan.full:
+                    break
+                i += 1
+                if i == len(segments):
+                    if offset < end_offset and not slices:
+                        raise CorruptDataError(
+                            segment.log_path, segment.size_bytes, f"offset {offset} is missing"
+                        )
+                    break
+                offset = max(offset, bases[i])  # a compaction gap ends at the next base
+        except BaseException:
+            FileSlices(slices, offset).release()
+            raise
+        return FileSlices(slices, offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after the log start whose

@@ -38,6 +38,10 @@ records than its offset span, its offset deltas leave gaps, and it may hold none
 (records_count 0: an empty batch kept for its last offset). Offsets between batches
 may leave gaps too. A batch whose records_count equals last_offset_delta + 1 is dense.
 
+Compressed batches (a producer's, stored as it sent them) are inflated by
+``compression`` when their records are decoded; a cleaned batch is rewritten
+uncompressed (Kafka would recompress it with the topic's codec).
+
 Decoding errors never escape as IndexError or struct.error: they become
 ``MalformedBatchError`` here, and the segment that read the bytes turns that into
 ``CorruptDataError`` with its file and position.
@@ -55,6 +59,7 @@ from crc32c import crc32c
 
 from mqstore.commitlog.native import NATIVE
 from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, EngineRecord
+from mqstore.segmented.compression import CODEC_NAMES, InflateError, inflate
 
 __all__ = [
     "HEADER",
@@ -116,6 +121,8 @@ TIMESTAMP_TYPE_MASK: Final = 0x08  # set: LogAppendTime
 TRANSACTIONAL_MASK: Final = 0x10
 CONTROL_MASK: Final = 0x20
 DELETE_HORIZON_MASK: Final = 0x40  # KIP-534: base_timestamp holds the delete horizon
+UNSUPPORTED_MASK: Final = TRANSACTIONAL_MASK | CONTROL_MASK  # no transactions here
+CODEC_MAX: Final = len(CODEC_NAMES) - 1  # zstd; 5 to 7 are unknown
 NO_PRODUCER_ID: Final = -1
 NO_PRODUCER_EPOCH: Final = -1
 NO_SEQUENCE: Final = -1
@@ -322,7 +329,7 @@ def check_batch(buffer: bytes, position: int, verify_crc: bool = True) -> BatchH
     """Validate the batch at ``position`` and return its header.
 
     Checks the size (it must lie inside ``buffer``), the magic, the CRC-32C, that it
-    is uncompressed and not transactional or control, and that records_count is in
+    has a known codec and is not transactional or control, and that records_count is in
     [0, last_offset_delta + 1] (fewer after compaction).
 
     Raises:
@@ -337,7 +344,7 @@ def check_batch(buffer: bytes, position: int, verify_crc: bool = True) -> BatchH
         raise MalformedBatchError(position, f"magic {header.magic}, expected {MAGIC}")
     if verify_crc:
         check_crc(buffer, position, header)
-    if header.attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
+    if header.attributes & UNSUPPORTED_MASK or header.attributes & COMPRESSION_MASK > CODEC_MAX:
         raise MalformedBatchError(position, f"unsupported attributes {header.attributes:#06x}")
     if not 0 <= header.records_count <= header.last_offset_delta + 1:
         raise MalformedBatchError(
@@ -446,7 +453,7 @@ def _check_whole(
     count: int,
 ) -> None:
     """``check_batch``'s checks, on fields already unpacked."""
-    if attributes & (COMPRESSION_MASK | TRANSACTIONAL_MASK | CONTROL_MASK):
+    if attributes & UNSUPPORTED_MASK or attributes & COMPRESSION_MASK > CODEC_MAX:
         raise MalformedBatchError(position, f"unsupported attributes {attributes:#06x}")
     if not 0 <= count <= last_delta + 1:
         raise MalformedBatchError(
@@ -478,7 +485,18 @@ def _decode_batch(
 
     Zig-zag varints are decoded inline when they fit in one byte (lengths below 64,
     small deltas): a function call per field would cost more than the decoding.
+    A compressed batch is inflated (``compression``) and its records decoded alike.
     """
+    if attributes & COMPRESSION_MASK:
+        try:
+            inflated = inflated_batch(buffer, position, attributes & COMPRESSION_MASK)
+            _decode_batch(
+                inflated, 0, base_offset, attributes & ~COMPRESSION_MASK, base_timestamp,
+                max_timestamp, crc, count, last_delta, first_offset, count_max, out,
+            )  # fmt: skip
+        except (MalformedBatchError, InflateError) as error:
+            raise MalformedBatchError(position, f"compressed batch: {error}") from None
+        return
     (length,) = LENGTH.unpack_from(buffer, position + LENGTH_POSITION)
     end = position + length + LOG_OVERHEAD
     if attributes & TIMESTAMP_TYPE_MASK:
@@ -555,6 +573,21 @@ def _decode_batch(
         raise MalformedBatchError(position, f"record does not decode: {error}") from None
     if index == count - 1 and cursor != end:
         raise MalformedBatchError(cursor, f"{end - cursor} bytes left over after the records")
+
+
+def inflated_batch(buffer: bytes, position: int, codec: int) -> bytes:
+    """The compressed batch at ``position`` as an uncompressed one (the same header,
+    its length set to the inflated records').
+
+    Raises:
+        InflateError: the records do not inflate, or inflate past the bound.
+    """
+    (length,) = LENGTH.unpack_from(buffer, position + LENGTH_POSITION)
+    with memoryview(buffer) as view:
+        body = inflate(codec, view[position + HEADER_SIZE : position + length + LOG_OVERHEAD])
+    prefix = bytearray(buffer[position : position + HEADER_SIZE])
+    LENGTH.pack_into(prefix, LENGTH_POSITION, HEADER_SIZE + len(body) - LOG_OVERHEAD)
+    return bytes(prefix) + body
 
 
 # ---------------------------------------------------------------------- spans

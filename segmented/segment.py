@@ -13,6 +13,8 @@ Look-ups go index first, then scan batch headers from the position found, as Kaf
 ``translateOffset`` and ``searchForTimestamp`` do. Scans read the ``.log`` in chunks
 (``FIRST_READ_BYTES``, doubling to ``READ_MAX_BYTES``) rather than one read per batch
 header.
+``slice`` (a zero-copy fetch: segmented.file_records) reads batch headers only and
+returns where whole batches lie; the caller sends them from ``fileno()`` while pinned.
 
 Crash policy: ``recover`` validates every batch (size, magic, CRC-32C, record count,
 and base offsets that never go back: the CRC does not cover the base offset; gaps are
@@ -40,6 +42,7 @@ import attrs
 
 from mqstore.commitlog.errors import CorruptDataError, DiskFullError
 from mqstore.engine import EngineRecord
+from mqstore.segmented.file_records import SliceScan
 from mqstore.segmented.files import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -50,7 +53,9 @@ from mqstore.segmented.files import (
 from mqstore.segmented.index_file import IndexSanityError, MappedIndexCache
 from mqstore.segmented.offset_index import OffsetIndex
 from mqstore.segmented.record_batch import (
+    HEADER,
     HEADER_SIZE,
+    MAGIC,
     BatchHeader,
     MalformedBatchError,
     batch_size_at,
@@ -68,6 +73,9 @@ log = logging.getLogger(__name__)
 INT32_MAX: Final = 2**31 - 1
 FIRST_READ_BYTES: Final = 8 * 1024  # an index interval (4 KiB) and a few batches after it
 READ_MAX_BYTES: Final = 1024 * 1024  # a recovery scan reads 1 MiB at a time
+#: ``slice`` reads headers only: a 4 KiB page holds the headers of ~20 small batches,
+#: and costs little beside a large batch whose body it reads in vain.
+SLICE_READ_BYTES: Final = 4 * 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -339,6 +347,58 @@ class LogSegment:
                 )
             chunk = max(needed, min(chunk * 2, READ_MAX_BYTES))
         return records, decoded_bytes
+
+    def slice(self, offset: int, bytes_max: int, end_offset: int, must_take_one: bool) -> SliceScan:
+        """Where the whole batches from the one holding (or, after a compaction gap,
+        following) ``offset`` lie, up to ``bytes_max`` bytes; only batches that start
+        below ``end_offset``. ``must_take_one``: the first such batch is taken even
+        when it alone is larger than ``bytes_max`` (KIP-74). Reads batch headers only
+        (no CRC: the consumer checks it, as with Kafka's sendfile).
+
+        Raises:
+            CorruptDataError: a batch header there is not a batch v2 header, or a
+                batch runs past the segment's end.
+        """
+        assert bytes_max >= 0
+        _, position = self.offset_index.lookup(offset)
+        end = self.size_bytes
+        start = taken_bytes = count = 0
+        next_offset = offset
+        buffer, buffer_start = b"", position
+        while position < end:
+            at = position - buffer_start
+            if len(buffer) - at < HEADER_SIZE:
+                buffer = os.pread(self._fd, min(SLICE_READ_BYTES, end - position), position)
+                buffer_start, at = position, 0
+                if len(buffer) < HEADER_SIZE:
+                    raise CorruptDataError(self.log_path, position, "batch header cut short")
+            header = BatchHeader._make(HEADER.unpack_from(buffer, at))
+            size = header.size
+            if size < HEADER_SIZE or header.magic != MAGIC or header.last_offset_delta < 0:
+                raise CorruptDataError(
+                    self.log_path, position, f"not a batch v2 header (size {size}, "
+                    f"magic {header.magic}, last delta {header.last_offset_delta})",
+                )  # fmt: skip
+            if size > end - position:
+                raise CorruptDataError(self.log_path, position, f"a {size}-byte batch runs past")
+            if header.base_offset >= end_offset:
+                break  # appended after the fetch began: not published to it
+            if header.last_offset >= offset:
+                if taken_bytes and taken_bytes + size > bytes_max:
+                    return SliceScan(start, taken_bytes, count, next_offset, full=True)
+                if not taken_bytes:
+                    if size > bytes_max and not must_take_one:
+                        return SliceScan(position, 0, 0, next_offset, full=True)
+                    start = position
+                taken_bytes += size
+                count += header.records_count
+                next_offset = header.last_offset + 1
+            position += size
+        return SliceScan(start, taken_bytes, count, next_offset, full=False)
+
+    def fileno(self) -> int:
+        """The ``.log``'s descriptor: for a pinned segment's sendfile only."""
+        return self._fd
 
     def find_offset_by_timestamp(
         self, timestamp_ms: int, starting_offset: int, end: int

@@ -67,9 +67,11 @@ from mqstore.commitlog.record import validate_topic
 from mqstore.engine import AppendedRecord, EngineBatch, EngineRecord, ProducerRecord
 from mqstore.offsets import OffsetStore
 from mqstore.segmented import batch_builder
+from mqstore.segmented.batch_builder import BuiltBatch
 from mqstore.segmented.checkpoint import read_offsets, write_offsets
 from mqstore.segmented.cleaner import CleanResult
 from mqstore.segmented.config import SegmentedConfig
+from mqstore.segmented.file_records import FileSlices
 from mqstore.segmented.files import (
     CLEAN_SHUTDOWN_NAME,
     LOG_START_OFFSET_CHECKPOINT_NAME,
@@ -534,6 +536,34 @@ class SegmentedStore:
         built = batch_builder.build(
             records, self._clock_ms(), partition_log.log_append_time, self._batch_size_max_bytes
         )
+        return self._append_built(topic, partition, partition_log, built)
+
+    def append_batch(self, topic: str, partition: int, batch: bytes) -> list[AppendedRecord]:
+        """Append a producer's record batch v2 as it is, base offset assigned (Kafka's
+        in-place LogValidator path: the producer's CRC reaches the consumer). On a
+        LogAppendTime topic the batch takes the append time, as in Kafka.
+
+        Raises:
+            InvalidArgumentError: not one valid batch v2 (see
+                ``batch_builder.adopt``); nothing appended.
+            InvalidRecordError: a record without a key on a compacted topic.
+            others: as ``append_records``.
+        """
+        self._check_open()
+        config = self.topics.get(topic)
+        if config is None:
+            config = self.topic_for_write(topic)
+        partition_log = self._log(topic, partition)
+        built, records = batch_builder.adopt(
+            batch, self._clock_ms(), partition_log.log_append_time, self._batch_size_max_bytes
+        )
+        if config.compacted:
+            check_keyed(topic, records)
+        return self._append_built(topic, partition, partition_log, built)
+
+    def _append_built(
+        self, topic: str, partition: int, partition_log: PartitionLog, built: BuiltBatch
+    ) -> list[AppendedRecord]:
         base_offset = partition_log.append(built.batch, built.record_count, built.max_timestamp_ms)
         if self._waiters:
             with self._data:
@@ -617,6 +647,23 @@ class SegmentedStore:
         _check_offset(offset, "offset")
         _check_count("max_records", max_records, READ_RECORDS_MAX)
         return partition_log.read(offset, max_records, FETCH_BYTES_MAX)
+
+    def read_slices(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
+        """``PartitionLog.read_slices``: pinned ``.log`` ranges of whole batches from
+        ``offset`` for a zero-copy Fetch; the caller must ``release`` them.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the log start or past the end.
+            UnknownTopicError: no such topic or partition.
+            InvalidArgumentError: ``max_bytes`` outside [0, 2**31 - 1].
+            CorruptDataError: a batch header does not validate.
+        """
+        self._check_open()
+        partition_log = self._log(topic, partition)
+        _check_offset(offset, "offset")
+        if type(max_bytes) is not int or not 0 <= max_bytes <= PARTITION_MAX:
+            raise InvalidArgumentError(f"max_bytes must be an int in [0, 2**31 - 1]: {max_bytes!r}")
+        return partition_log.read_slices(offset, max_bytes)
 
     def read_batch(self, topic: str, partition: int, offset: int, max_records: int) -> EngineBatch:
         """``read_records`` as columns (the engine interface's bulk read): this

@@ -11,8 +11,8 @@ before a batch is stored, whichever way it is stored:
 - records_count == last_offset_delta + 1 (a producer numbers its records 0..n-1);
 - a known codec; not a control batch, not transactional (no transactions here);
 - the records decode and fill the batch (``decode_produced``); compressed batches
-  are inflated by the maintained libraries (zlib, python-snappy, lz4, zstandard),
-  each bounded to ``INFLATED_BYTES_MAX`` before it is inflated past it.
+  are inflated by mqstore.segmented.compression (the maintained libraries, each
+  bounded to ``INFLATED_BYTES_MAX`` before it is inflated past it).
 
 Fetch (``build_fetch_batch``): records read back from an engine become one v2 batch
 (uncompressed, CRC-32C set, base offset = the first record's offset).
@@ -25,7 +25,6 @@ answer; nothing here asserts on them, and nothing is stored when one is raised.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -33,6 +32,14 @@ from crc32c import crc32c
 
 from mqstore.commitlog.errors import InvalidArgumentError
 from mqstore.engine import TIMESTAMP_LOG_APPEND_TIME, EngineBatch, ProducerRecord
+from mqstore.segmented.compression import (
+    CODEC_NAMES,
+    INFLATED_BYTES_MAX,
+    CodecUnavailableError,
+    InflateError,
+    InflateLimitError,
+    inflate,
+)
 from mqstore.segmented.record_batch import (
     ATTRIBUTES_POSITION,
     COMPRESSION_MASK,
@@ -64,17 +71,7 @@ __all__ = [
 
 CORRUPT_MESSAGE: Final = 2  # Kafka's error code for a CRC or size failure
 INVALID_RECORD: Final = 87  # ... for a batch that is well-formed but not acceptable
-CODEC_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")  # attributes bits 0-2
-#: A compressed batch inflates to at most this; more is refused (a decompression
-#: bomb in a 100 MiB frame must not take the broker's memory). Kafka's own default
-#: message.max.bytes is 1 MiB compressed; 64 MiB of records is far above any client.
-INFLATED_BYTES_MAX: Final = 64 << 20
 _LENGTH: Final = LENGTH
-#: xerial snappy framing: a 16-byte header (magic, version, compat), then blocks of
-#: int32 size + raw snappy bytes.
-XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
-XERIAL_HEADER_BYTES: Final = 16
-_BLOCK_SIZE: Final = struct.Struct(">i")
 
 
 class InvalidBatchError(InvalidArgumentError):
@@ -159,6 +156,7 @@ def decode_produced(batch: ProducedBatch) -> list[ProducerRecord]:
         prefix = bytearray(data[:HEADER_SIZE])
         _LENGTH.pack_into(prefix, LENGTH_POSITION, HEADER_SIZE + len(body) - LOG_OVERHEAD)
         data = bytes(prefix) + body
+        header = header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
     try:
         decoded = decode_records(data, 0, header, header.base_offset, header.records_count)
     except MalformedBatchError as error:
@@ -171,68 +169,14 @@ def decode_produced(batch: ProducedBatch) -> list[ProducerRecord]:
 
 
 def _inflate(codec: str, body: memoryview) -> bytes:
-    """The records of a compressed batch, at most INFLATED_BYTES_MAX bytes."""
-    limit = INFLATED_BYTES_MAX
+    """The records of a compressed batch (mqstore.segmented.compression), at most
+    INFLATED_BYTES_MAX bytes, its failures as Kafka's answers."""
     try:
-        if codec == "gzip":
-            inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
-            out = inflater.decompress(body, limit + 1)
-            if not inflater.eof and len(out) <= limit:
-                raise InvalidBatchError("gzip stream cut short")
-        elif codec == "snappy":
-            out = _inflate_snappy(bytes(body), limit)
-        elif codec == "lz4":
-            import lz4.frame
-
-            out = lz4.frame.LZ4FrameDecompressor().decompress(body, max_length=limit + 1)
-        else:
-            import zstandard
-
-            with zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True) as r:
-                out = r.read(limit + 1)
-    except InvalidBatchError:
-        raise
-    except ImportError:
-        raise InvalidBatchError(f"{codec}: its library is not installed", INVALID_RECORD) from None
-    except Exception as error:  # each library raises its own error types
-        raise InvalidBatchError(f"{codec} does not inflate: {error}") from None
-    if len(out) > limit:
-        raise InvalidBatchError(f"{codec} inflates past {limit} bytes", INVALID_RECORD)
-    return bytes(out)
-
-
-def _inflate_snappy(data: bytes, limit: int) -> bytes:
-    """Snappy, raw or in xerial blocks (what Java producers and librdkafka write).
-    Every raw block starts with its inflated length, so the bound is checked first."""
-    import snappy
-
-    blocks: list[bytes] = []
-    if data[: len(XERIAL_MAGIC)] == XERIAL_MAGIC:
-        position = XERIAL_HEADER_BYTES
-        while position < len(data):
-            (size,) = _BLOCK_SIZE.unpack_from(data, position)
-            position += _BLOCK_SIZE.size
-            if size < 0 or position + size > len(data):
-                raise InvalidBatchError("snappy block cut short")
-            blocks.append(data[position : position + size])
-            position += size
-    else:
-        blocks.append(data)
-    if sum(map(_snappy_length, blocks)) > limit:
-        raise InvalidBatchError(f"snappy inflates past {limit} bytes", INVALID_RECORD)
-    return b"".join(snappy.decompress(block) for block in blocks)
-
-
-def _snappy_length(block: bytes) -> int:
-    """The inflated length a raw snappy block declares (a little-endian base-128
-    varint of at most 5 bytes)."""
-    length = shift = 0
-    for byte in block[:5]:
-        length |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return length
-        shift += 7
-    raise InvalidBatchError("snappy block without a length")
+        return inflate(CODEC_NAMES.index(codec), body, INFLATED_BYTES_MAX)
+    except (InflateLimitError, CodecUnavailableError) as error:
+        raise InvalidBatchError(str(error), INVALID_RECORD) from None
+    except InflateError as error:
+        raise InvalidBatchError(str(error)) from None
 
 
 def build_fetch_batch(batch: EngineBatch, first: int, count: int) -> bytearray:

@@ -81,6 +81,9 @@ class BrokerConfig:
     default_partitions: int = attrs.field(default=1, validator=_int(1, 10_000))
     #: A Fetch waits at most this long for min_bytes, whatever max_wait_ms asks.
     fetch_wait_max_ms: int = attrs.field(default=30_000, validator=_int(0, 300_000))
+    #: On the segmented engine, answer Fetch by sendfile from the segment files
+    #: (mqstore.broker.zero_copy); TLS connections copy whatever this says.
+    zero_copy_fetch: bool = attrs.field(default=True, validator=_BOOL)
     #: Threads that read for Fetch and ListOffsets (the produce path has one thread,
     #: which keeps each partition's appends and sequence checks in order).
     read_threads: int = attrs.field(default=4, validator=_int(1, 64))

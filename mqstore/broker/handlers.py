@@ -34,6 +34,7 @@ from mqstore.broker.config import BrokerConfig
 from mqstore.broker.log import PartitionLog
 from mqstore.broker.producers import ProducerIds, ProducerState
 from mqstore.broker.protocol import APIS, ErrorCode, api_versions_body
+from mqstore.broker.zero_copy import SegmentLog
 from mqstore.commitlog.errors import (
     DiskFullError,
     FlushTimeoutError,
@@ -46,6 +47,7 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.offsets import OffsetStore, validate_group
+from mqstore.segmented.file_records import FileSlices
 from mqstore.topics import (
     KAFKA_TOPIC_CONFIGS,
     TopicConfig,
@@ -82,12 +84,19 @@ _FetchedPartition = _FetchedTopic.OffsetFetchResponsePartition
 
 
 class FetchPass(NamedTuple):
-    """One pass over a Fetch's partitions: the response, the bytes it holds and the
-    positions a long poll waits on."""
+    """One pass over a Fetch's partitions: the response, the bytes it holds, the
+    positions a long poll waits on, and the zero-copy partitions' pinned file ranges
+    by (topic index, partition index): their ``records`` in ``response`` are empty."""
 
     response: Any
     records_bytes: int
     waiting: list[tuple[str, int, int]]
+    files: dict[tuple[int, int], FileSlices]
+
+    def release(self) -> None:
+        """Unpin the file ranges (a pass that is not sent)."""
+        for slices in self.files.values():
+            slices.release()
 
 
 def error_for(error: StoreError) -> int:
@@ -98,6 +107,8 @@ def error_for(error: StoreError) -> int:
         return ErrorCode.INVALID_RECORD
     if isinstance(error, UnknownTopicError):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(error, InvalidRecordError):  # e.g. no key on a compacted topic
+        return ErrorCode.INVALID_RECORD
     if isinstance(error, OffsetOutOfRangeError):
         return ErrorCode.OFFSET_OUT_OF_RANGE
     if isinstance(error, LimitExceededError):
@@ -331,35 +342,53 @@ class Handlers:
 
     # ------------------------------------------------------------------ fetch
 
-    def fetch_pass(self, request: Any, version: int, must_fill: bool) -> FetchPass:
+    def fetch_pass(
+        self, request: Any, version: int, must_fill: bool, zero_copy: bool = False
+    ) -> FetchPass:
         """Read every partition of a Fetch once. ``must_fill`` False: only the
-        offsets are checked (a long poll's first look when nothing is there)."""
+        offsets are checked (a long poll's first look when nothing is there).
+        ``zero_copy`` (a ``SegmentLog``, a plaintext connection): the partitions'
+        records are pinned file ranges in ``FetchPass.files``, for the caller to
+        send and release (mqstore.broker.zero_copy)."""
         budget = request.max_bytes if version >= 3 else 2**31 - 1
         total = 0
         waiting: list[tuple[str, int, int]] = []
         topics = []
-        for topic in request.topics:
-            parts = []
-            for wanted in topic.partitions:
-                part, size = self._fetch_partition(topic.topic, wanted, budget, total == 0)
-                parts.append(part)
-                total += size
-                budget -= size
-                if part.error_code == 0 and size == 0:
-                    waiting.append((topic.topic, wanted.partition, wanted.fetch_offset))
-            topics.append(_FetchTopic(topic=topic.topic, partitions=parts))
+        files: dict[tuple[int, int], FileSlices] = {}
+        slices_log = self.log if zero_copy and isinstance(self.log, SegmentLog) else None
+        try:
+            for t, topic in enumerate(request.topics):
+                parts: list[Any] = []
+                for wanted in topic.partitions:
+                    part, size, slices = self._fetch_partition(
+                        topic.topic, wanted, budget, total == 0, slices_log
+                    )
+                    if slices is not None:
+                        files[(t, len(parts))] = slices
+                    parts.append(part)
+                    total += size
+                    budget -= size
+                    if part.error_code == 0 and size == 0:
+                        waiting.append((topic.topic, wanted.partition, wanted.fetch_offset))
+                topics.append(_FetchTopic(topic=topic.topic, partitions=parts))
+        except BaseException:
+            for slices in files.values():
+                slices.release()
+            raise
         response = FetchResponse(
             version=version, throttle_time_ms=0, error_code=0, session_id=0, responses=topics
         )
-        return FetchPass(response, total, waiting)
+        return FetchPass(response, total, waiting, files)
 
     def _fetch_partition(
-        self, topic: str, wanted: Any, budget: int, first: bool
-    ) -> tuple[Any, int]:
+        self, topic: str, wanted: Any, budget: int, first: bool, slices_log: SegmentLog | None
+    ) -> tuple[Any, int, FileSlices | None]:
         partition = wanted.partition
         offset = wanted.fetch_offset
         start = end = -1
         records: bytes = b""
+        slices: FileSlices | None = None
+        size = 0
         code = 0
         try:
             start = self.log.log_start_offset(topic, partition)
@@ -368,7 +397,12 @@ class Handlers:
                 code = ErrorCode.OFFSET_OUT_OF_RANGE
             elif offset < end and (budget > 0 or first):
                 limit = min(wanted.partition_max_bytes, max(budget, 1))
-                records = b"".join(self.log.fetch(topic, partition, offset, limit))
+                if slices_log is not None:
+                    slices = slices_log.fetch_slices(topic, partition, offset, limit)
+                    size = slices.size_bytes
+                else:
+                    records = b"".join(self.log.fetch(topic, partition, offset, limit))
+                    size = len(records)
         except StoreError as error:
             code = error_for(error)
         part = _FetchPartition(
@@ -376,7 +410,10 @@ class Handlers:
             last_stable_offset=end, log_start_offset=start, aborted_transactions=None,
             preferred_read_replica=-1, records=records,
         )  # fmt: skip
-        return part, len(records)
+        if slices is not None and not size:
+            slices.release()  # nothing there yet: the long poll waits for it
+            slices = None
+        return part, size, slices
 
     def wait(self, positions: Sequence[tuple[str, int, int]], timeout_ms: int) -> bool:
         try:

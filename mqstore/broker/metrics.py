@@ -126,6 +126,11 @@ class BrokerMetrics:
         self.fetched = Counter(
             "mqstore_broker_fetched_messages", "Records in Fetch responses", registry=r
         )
+        self.sendfile_bytes = Counter(
+            "mqstore_broker_sendfile_bytes",
+            "Fetch bytes sent by sendfile from the segment files (zero copy)",
+            registry=r,
+        )
         r.register(_ScrapeCollector(engine, high_watermark))
 
     def request(self, api: str, version: int, seconds: float, size_in: int, size_out: int) -> None:

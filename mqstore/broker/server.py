@@ -30,6 +30,11 @@ connection authenticates, its requests are taken one at a time and only ApiVersi
 SaslHandshake and SaslAuthenticate are answered: any other request closes it unread.
 Metrics (mqstore.broker.metrics) are counted here, per request and connection.
 
+Zero copy (mqstore.broker.zero_copy): on the segmented engine over plaintext, a Fetch
+pass returns pinned file ranges; the loop frames the response and the writer task
+sends the ranges with ``loop.sendfile``. Every path that drops such a response (sent,
+the client gone, a cancelled request, a long-poll pass not returned) releases its pins.
+
 Shutdown (``Broker.stop``, SIGTERM under ``serve``): stop accepting, let the
 requests already read finish and their responses go out (bounded by
 ``DRAIN_TIMEOUT_S``), close the connections, then the threads. The store is the
@@ -53,7 +58,7 @@ from typing import Any, Final
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.credentials import CredentialStore
 from mqstore.broker.groups import GroupCoordinator
-from mqstore.broker.handlers import Handlers
+from mqstore.broker.handlers import FetchPass, Handlers
 from mqstore.broker.log import PartitionLog, RecordLog
 from mqstore.broker.metrics import BrokerMetrics, MetricsServer, count_records, serve_metrics
 from mqstore.broker.protocol import (
@@ -69,8 +74,10 @@ from mqstore.broker.protocol import (
     unsupported_api_versions,
 )
 from mqstore.broker.sasl import SASL_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Authenticator
+from mqstore.broker.zero_copy import ZERO_COPY_VERSIONS, SegmentLog, ZeroCopyResponse, encode_fetch
 from mqstore.commitlog.errors import StoreError
 from mqstore.engine import Engine
+from mqstore.segmented.store import SegmentedStore
 
 __all__ = ["Broker"]
 
@@ -89,6 +96,8 @@ LONG_POLL_SLICE_MS: Final = 500  # one wait_for_data call; the loop re-checks be
 #: A request up to this size is decoded (and a Fetch's answer encoded) on the loop; a
 #: larger one on a worker (8 MiB of Fetch partitions takes 0.3 s to decode).
 LOOP_CODEC_BYTES_MAX: Final = 64 << 10
+#: What a request task gives the sender: framed bytes, a zero-copy Fetch, or None.
+_Response = bytes | ZeroCopyResponse | None
 
 
 class Broker:
@@ -104,7 +113,9 @@ class Broker:
     ) -> None:
         self.engine = engine
         self.config = config or BrokerConfig()
-        self.log = log_ or RecordLog(engine)
+        self.log = log_ or (
+            SegmentLog(engine) if isinstance(engine, SegmentedStore) else RecordLog(engine)
+        )
         self.port = self.config.port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -128,6 +139,11 @@ class Broker:
         self.metrics = BrokerMetrics(engine, self.log.high_watermark)
         self.metrics_server: MetricsServer | None = None
         self._tls = _tls_context(self.config)
+        #: Fetch answers with sendfile from the segments (mqstore.broker.zero_copy):
+        #: the segmented engine, and plaintext (TLS encrypts in user space).
+        self.zero_copy = (
+            self.config.zero_copy_fetch and self._tls is None and isinstance(self.log, SegmentLog)
+        )
         self._credentials: CredentialStore | None = None
         if self.config.sasl_mechanisms:
             assert self.config.credentials_path is not None  # BrokerConfig checks it
@@ -257,7 +273,7 @@ class Broker:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
     ) -> None:
         """Read frames ahead; a writer task sends responses in request order."""
-        pending: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+        pending: asyncio.Queue[asyncio.Task[_Response] | None] = asyncio.Queue(
             self.config.in_flight_per_connection_max
         )
         sender = asyncio.create_task(self._send(pending, writer, client))
@@ -292,6 +308,7 @@ class Broker:
                 sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(sender, DRAIN_TIMEOUT_S)
+            _cancel_pending(pending)  # what the sender left: pins are released too
 
     def _authenticator(self) -> Authenticator | None:
         if self._credentials is None:
@@ -342,7 +359,7 @@ class Broker:
 
     async def _send(
         self,
-        pending: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        pending: asyncio.Queue[asyncio.Task[_Response] | None],
         writer: asyncio.StreamWriter,
         client: str,
     ) -> None:
@@ -363,12 +380,58 @@ class Broker:
             if response is None:
                 continue  # acks=0 Produce: no response
             try:
-                writer.write(response)
-                await writer.drain()
-            except ConnectionError:
+                if isinstance(response, ZeroCopyResponse):
+                    await self._send_zero_copy(response, writer)
+                else:
+                    writer.write(response)
+                    await writer.drain()
+            except (OSError, asyncio.SendfileNotAvailableError) as error:
+                # A sendfile that fails before its first byte says "not available":
+                # on a regular file to a TCP socket, that is the peer gone too.
+                if isinstance(error, asyncio.SendfileNotAvailableError):
+                    log.info("%s: gone during a sendfile: %s", client, error)
+                elif not isinstance(error, ConnectionError):
+                    log.warning("%s: sending a response failed: %s; closing", client, error)
                 _cancel_pending(pending)
                 writer.close()
                 return
+
+    async def _send_zero_copy(
+        self, response: ZeroCopyResponse, writer: asyncio.StreamWriter
+    ) -> None:
+        """Write a FetchResponse's bytes and sendfile its file ranges, in order; the
+        pins are released whatever happens (the client gone, a cancelled task).
+
+        Raises:
+            OSError: the connection failed (ConnectionError), or the file did.
+            asyncio.SendfileNotAvailableError: sendfile failed before a byte went.
+        """
+        loop = asyncio.get_running_loop()
+        transport = writer.transport
+        try:
+            for part in response.parts:
+                if isinstance(part, bytes):
+                    writer.write(part)
+                    continue
+                if transport.is_closing():
+                    raise ConnectionResetError("the connection closed during a response")
+                if part.segment.closed:  # the store closed under a serving broker
+                    raise OSError(f"{part.segment.log_path} was closed before it was sent")
+                # loop.sendfile waits for what was written to go, pauses reading, and
+                # calls os.sendfile from the segment's descriptor to the socket.
+                sent = await loop.sendfile(
+                    transport,
+                    part,  # type: ignore[arg-type]  # sendfile needs fileno() only
+                    part.position,
+                    part.size_bytes,
+                    fallback=False,
+                )
+                self.metrics.sendfile_bytes.inc(sent)
+                if sent != part.size_bytes:  # the frame is broken: close it
+                    raise OSError(f"sendfile sent {sent} of {part.size_bytes} bytes")
+            await writer.drain()
+        finally:
+            response.release()
 
     # ------------------------------------------------------------------ requests
 
@@ -392,8 +455,9 @@ class Broker:
 
     async def _respond(
         self, payload: bytes, client: str, auth: Authenticator | None = None
-    ) -> bytes | None:
-        """The framed response to one request (timed and counted), or None (acks=0)."""
+    ) -> _Response:
+        """The framed response to one request (timed and counted), or None (acks=0);
+        a zero-copy Fetch's is a ``ZeroCopyResponse`` (its pins for the sender)."""
         started = time.perf_counter()
         if auth is not None and auth.raw_tokens and not auth.done:
             return await self._raw_token(auth, payload, client)
@@ -410,6 +474,19 @@ class Broker:
         response = await self._answer(api, head, payload, auth, client)
         if response is None:
             return None
+        name = api.request.__name__.removesuffix("Request")
+        if isinstance(response, FetchPass):  # zero copy: a small head, no records
+            try:
+                self.metrics.response_errors(response.response)
+            except BaseException:
+                response.release()
+                raise
+            framed = encode_fetch(response.response, head.correlation_id, response.files)
+            seconds = time.perf_counter() - started
+            self.metrics.request(
+                name, head.api_version, seconds, len(payload) + 4, framed.size_bytes
+            )
+            return framed
         self.metrics.response_errors(response)
         if head.api_key == FETCH and len(payload) > LOOP_CODEC_BYTES_MAX:
             loop = asyncio.get_running_loop()  # as large to encode: off the loop too
@@ -418,7 +495,6 @@ class Broker:
             )
         else:
             encoded = encode_response(response, head.correlation_id)
-        name = api.request.__name__.removesuffix("Request")
         seconds = time.perf_counter() - started
         self.metrics.request(name, head.api_version, seconds, len(payload) + 4, len(encoded))
         return encoded
@@ -466,7 +542,8 @@ class Broker:
             # Codec work grows with the request (its partitions): a large one is decoded
             # on a worker, not on the loop that every other connection waits for.
             request = await self._decode(api, head, payload)
-            response = await self._fetch(request, head.api_version)
+            fetched = await self._fetch(request, head.api_version)
+            response = fetched if fetched.files else fetched.response
         elif head.api_key in GROUP_APIS or head.api_key == OFFSET_COMMIT:
             response = await self._group_request(api, head, payload)
         else:
@@ -493,17 +570,17 @@ class Broker:
         method = _SYNC_HANDLERS[head.api_key]
         return getattr(handlers, method)(request, head.api_version)
 
-    async def _fetch(self, request: Any, version: int) -> Any:
-        """One pass; if it holds fewer than min_bytes, long-poll and pass again."""
+    async def _fetch(self, request: Any, version: int) -> FetchPass:
+        """One pass; if it holds fewer than min_bytes, long-poll and pass again.
+        A pass that is not returned releases its file ranges."""
         handlers = self.handlers
         assert handlers is not None
         loop = asyncio.get_running_loop()
         wait_ms = min(max(request.max_wait_ms, 0), self.config.fetch_wait_max_ms)
         deadline = time.monotonic() + wait_ms / 1000
+        zero_copy = self.zero_copy and version in ZERO_COPY_VERSIONS
         while True:
-            result = await loop.run_in_executor(
-                self._read_pool, handlers.fetch_pass, request, version, True
-            )
+            result = await self._fetch_pass(request, version, zero_copy)
             left_ms = int((deadline - time.monotonic()) * 1000)
             stopping = self._stopping is not None and self._stopping.is_set()
             done = result.records_bytes >= max(request.min_bytes, 1) or not result.waiting
@@ -514,11 +591,26 @@ class Broker:
                         for t in result.response.responses
                         for p in t.partitions
                     )
+                    + sum(slices.records_count for slices in result.files.values())
                 )
-                return result.response
+                return result
+            result.release()
             await loop.run_in_executor(
                 self._wait_pool, handlers.wait, result.waiting, min(left_ms, LONG_POLL_SLICE_MS)
             )
+
+    async def _fetch_pass(self, request: Any, version: int, zero_copy: bool) -> FetchPass:
+        """``Handlers.fetch_pass`` on a read thread. Cancelled meanwhile (shutdown, a
+        closed connection), the pass still finishes there: its pins are then released
+        when it does."""
+        handlers = self.handlers
+        assert handlers is not None
+        future = self._read_pool.submit(handlers.fetch_pass, request, version, True, zero_copy)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_release_pass)
+            raise
 
     async def _group_request(self, api: Api, head: RequestHead, payload: bytes) -> Any:
         groups, handlers = self.groups, self.handlers
@@ -565,8 +657,25 @@ def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _cancel_pending(pending: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:
+def _cancel_pending(pending: asyncio.Queue[asyncio.Task[_Response] | None]) -> None:
+    """Cancel the requests not sent; a zero-copy response already built (or built
+    after all) gives its pins back."""
     while not pending.empty():
         task = pending.get_nowait()
         if task is not None:
             task.cancel()
+            task.add_done_callback(_release_response)
+
+
+def _release_response(task: asyncio.Task[_Response]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+    response = task.result()
+    if isinstance(response, ZeroCopyResponse):
+        response.release()
+
+
+def _release_pass(future: concurrent.futures.Future[FetchPass]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    future.result().release()
