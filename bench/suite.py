@@ -38,6 +38,7 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
         ["--rounds", "3"],
         ["--rounds", "3", "--records", "10000000", "--keys", "1000000"],
     ),
+    ("replication", ["--mib", "1024", "--rounds", "3"], ["--mib", "1024", "--rounds", "5"]),
 )
 
 

@@ -29,6 +29,7 @@ SOURCES = (
     "broker",
     "broker_fetch",
     "compaction",
+    "replication",
 )
 
 #: bench/put.py's ratios that are targets: (ratio key, row, goal).

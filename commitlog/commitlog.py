@@ -60,10 +60,13 @@ from mqstore.commitlog.errors import (
     CorruptDataError,
     DiskFullError,
     FlushFailedError,
+    IllegalStateError,
     InvalidTypeError,
     LimitExceededError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
+    ReplicaPositionError,
     StoreClosedError,
 )
 from mqstore.commitlog.file_queue import MappedFileQueue
@@ -83,6 +86,7 @@ from mqstore.commitlog.record import (
     validate_topic,
 )
 from mqstore.commitlog.recovery import scan_log
+from mqstore.commitlog.replica import plan_replica_chunk
 
 __all__ = [
     "BATCH_MESSAGES_MAX",
@@ -160,6 +164,7 @@ class CommitLog:
         self._record_size_limit_bytes = config.record_size_limit_bytes
         self._closed = False
         self._sealed = False
+        self._follower = False  # see set_follower: takes only append_replica's bytes
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
 
     # ------------------------------------------------------------------ open / close
@@ -249,6 +254,7 @@ class CommitLog:
         self._appender.accepting = (
             not self._sealed
             and not self.read_only
+            and not self._follower
             and self._failure is None
             and self._reject_reason is None
         )
@@ -395,6 +401,86 @@ class CommitLog:
             self._feed_start = stop
             self._appender.feed_overflow = False
         return start, entries, stop
+
+    def set_follower(self, follower: bool) -> None:
+        """Make the log a follower's (local appends raise NotLeaderError and only
+        ``append_replica`` writes) or, with False, a leader's again."""
+        with self._lock:
+            self._follower = follower
+            self._update_accepting()
+
+    @property
+    def is_follower(self) -> bool:
+        return self._follower
+
+    def append_replica(self, position: int, data: bytes | bytearray | memoryview) -> int:
+        """Append bytes copied from the leader's log at physical ``position``.
+
+        ``data`` must be whole records (blank records included) that start at this
+        log's write position; commitlog/replica.py verifies every one before a byte
+        is written. The new end is published as a local append publishes it: the
+        dispatcher is woken (async mode) or the bytes are made durable first (sync
+        mode), so ConsumeQueues, the index and the checkpoint follow as for puts.
+
+        Returns:
+            The new write position.
+
+        Raises:
+            ReplicaPositionError: ``position`` is not the write position.
+            CorruptDataError: ``data`` is not whole, valid records (nothing written).
+            StoreClosedError, ReadOnlyStoreError, FlushFailedError, DiskFullError:
+                as for a local append.
+            FlushTimeoutError: sync mode, and the bytes were not durable in time.
+        """
+        if type(position) is not int or position < 0:
+            raise InvalidTypeError(f"position must be an int >= 0, not {position!r}")
+        if not isinstance(data, _BYTES_LIKE):
+            raise InvalidTypeError(f"data must be bytes-like, not {type(data).__name__}")
+        if position != self._appender.write_position:  # before any work; again under the lock
+            raise ReplicaPositionError(position, self._appender.write_position)
+        plan = plan_replica_chunk(data, position, self.config.file_size_bytes)
+        view = memoryview(data).cast("B")
+        end = position + view.nbytes
+        appender = self._appender
+        with self._lock:
+            self._check_replica_writable()
+            if position != appender.write_position:
+                raise ReplicaPositionError(position, appender.write_position)
+            for physical, start, stop in plan.pieces:
+                current = self._current
+                assert current is not None
+                if physical == current.start_offset + current.size_bytes:
+                    current = self._take_file(physical)  # the leader rolled here
+                    self._set_current(current)
+                    self._arm_prepare_next()
+                in_file = physical - current.start_offset
+                assert 0 <= in_file <= current.size_bytes - (stop - start)
+                current.mapping[in_file : in_file + stop - start] = view[start:stop]
+            for key, next_offset in plan.queue_offsets.items():
+                if next_offset > self._queue_offsets.get(key, 0):
+                    self._queue_offsets[key] = next_offset
+            appender.write_position = end
+            appender.last_store_ts_ms = max(appender.last_store_ts_ms, plan.newest_store_ts_ms)
+            if end >= appender.prepare_next_at:
+                self._prepare_next()
+            if appender.feed is not None:
+                appender.feed_overflow = True  # the dispatcher reads these from the log
+        listener = appender.listener
+        if listener is not None:
+            listener()
+        group_commit = self._group_commit
+        if group_commit is not None:
+            group_commit.wait_durable(end)
+        return end
+
+    def _check_replica_writable(self) -> None:
+        """append_replica's _check_writable: the same errors, and a leader refuses."""
+        if self._failure is not None or self._sealed or self.read_only:
+            self._check_writable()
+        if not self._follower:
+            raise IllegalStateError("append_replica on a leader's log (set_follower first)")
+        if self._reject_reason is not None:
+            raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
 
     def reject_writes(self, reason: str | None) -> None:
         """Refuse appends with DiskFullError while ``reason`` is set (disk watermark)."""
@@ -648,6 +734,8 @@ class CommitLog:
             raise StoreClosedError("the CommitLog is closed")
         if self.read_only:
             raise ReadOnlyStoreError("the CommitLog is open read-only")
+        if self._follower:
+            raise NotLeaderError("the CommitLog is a follower's: it takes only replicated bytes")
         if self._reject_reason is not None:
             raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
 

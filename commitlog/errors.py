@@ -26,6 +26,8 @@ __all__ = [
     "FlushFailedError",
     "DiskFullError",
     "ReadOnlyStoreError",
+    "NotLeaderError",
+    "ReplicaPositionError",
     "UnknownTopicError",
     "DispatchFailedError",
     "IllegalStateError",
@@ -124,6 +126,31 @@ class DiskFullError(StoreError, OSError):
 
 class ReadOnlyStoreError(StoreError):
     """A write was attempted through a store opened read-only."""
+
+
+class NotLeaderError(StoreError):
+    """A local write to a follower store (Kafka's NOT_LEADER_OR_FOLLOWER): its log is
+    a copy of the leader's and takes only bytes copied from it."""
+
+
+class ReplicaPositionError(StoreError):
+    """Bytes copied from a leader that do not start at the follower's write position
+    (a gap or an overlap): nothing of them is written.
+
+    Attributes:
+        position: where the bytes claim to start.
+        write_position: where the follower's log ends.
+    """
+
+    def __init__(self, position: int, write_position: int) -> None:
+        self.position = position
+        self.write_position = write_position
+        super().__init__(
+            f"replicated bytes start at {position}, but the log ends at {write_position}"
+        )
+
+    def __reduce__(self) -> tuple[type[ReplicaPositionError], tuple[int, int]]:
+        return (type(self), (self.position, self.write_position))
 
 
 class UnknownTopicError(StoreError, KeyError):

@@ -15,12 +15,12 @@ already count them. ``CommitLog.open`` then truncates the log at the end.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
 from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from mqstore.commitlog.file_queue import MappedFileQueue
-from mqstore.commitlog.mapped_file import MappedFile
 from mqstore.commitlog.record import (
     HEADER_SIZE,
     SCAN_INVALID,
@@ -30,14 +30,14 @@ from mqstore.commitlog.record import (
     scan_records,
 )
 
-__all__ = ["SCAN_ROWS", "scan_log"]
+__all__ = ["SCAN_ROWS", "ScanColumns", "fold_columns", "scan_log"]
 
 log = logging.getLogger(__name__)
 
 SCAN_ROWS = 1 << 16  # records verified per scan_records call; bounds the column arrays
 
 
-class _Columns:
+class ScanColumns:
     """scan_records' output arrays, SCAN_ROWS rows each."""
 
     __slots__ = ("positions", "queue_ids", "queue_offsets", "sizes", "stamps", "topic_hashes",
@@ -68,7 +68,7 @@ def scan_log(
         (end, newest store timestamp): where the log ends, and the larger of
         ``newest_ts_ms`` and every scanned record's store timestamp.
     """
-    columns = _Columns()
+    columns = ScanColumns()
     position = start
     while True:
         try:
@@ -82,7 +82,7 @@ def scan_log(
             columns.topic_lens, columns.topic_hashes,
         )  # fmt: skip
         if count:
-            newest_ts_ms = max(newest_ts_ms, _absorb(mapped, count, columns, table))
+            newest_ts_ms = max(newest_ts_ms, fold_columns(mapped.mapping, count, columns, table))
         position = mapped.start_offset + end
         if status == SCAN_INVALID:
             try:  # the reason, for the log
@@ -95,11 +95,12 @@ def scan_log(
         # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
 
 
-def _absorb(
-    mapped: MappedFile, count: int, columns: _Columns, table: dict[tuple[str, int], int]
+def fold_columns(
+    buffer: Any, count: int, columns: ScanColumns, table: dict[tuple[str, int], int]
 ) -> int:
-    """Fold a run of scanned records into the queue-offset table (one Python step per
-    queue, not per record); returns the run's newest store timestamp.
+    """Fold a run of records scanned in ``buffer`` (a file's mapping, or a replicated
+    chunk) into the queue-offset table (one Python step per queue, not per record);
+    returns the run's newest store timestamp.
 
     The rows of one put batch are adjacent, so the run is cut into stretches of one
     (topic, queue) first, and only the stretches' maxima are sorted."""
@@ -116,7 +117,7 @@ def _absorb(
     for stretch in order[last].tolist():
         row = int(starts[stretch])
         at = int(columns.positions[row]) + HEADER_SIZE
-        topic = str(mapped.mapping[at : at + int(columns.topic_lens[row])], "ascii")
+        topic = str(buffer[at : at + int(columns.topic_lens[row])], "ascii")
         key = (topic, int(columns.queue_ids[row]))
         offset = int(highest[stretch])
         if offset >= table.get(key, 0):

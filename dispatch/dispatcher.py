@@ -188,6 +188,7 @@ class Dispatcher:
         )
         self._index = index
         self._sync_mode = sync_mode
+        self._commit_limit: Callable[[], int] | None = None  # see set_commit_limit
         self._uses_create_time = uses_create_time
         self._interval_s = interval_ms / 1000
         self._retry_window_ms = retry_window_ms
@@ -369,7 +370,17 @@ class Dispatcher:
 
     def readable_end(self) -> int:
         log_ = self._commitlog
-        return log_.flushed_position if self._sync_mode else log_.write_position
+        end = log_.flushed_position if self._sync_mode else log_.write_position
+        limit = self._commit_limit
+        return end if limit is None else min(end, limit())
+
+    def set_commit_limit(self, limit: Callable[[], int] | None) -> None:
+        """Dispatch (expose to readers) only below ``limit()``: replication's high
+        watermark, RocketMQ 5's confirmOffset (mqstore.replication). It must be a
+        record boundary that never moves back; None removes the limit. Whoever moves
+        it calls ``wake``; the thread's round every ``interval_ms`` also sees it."""
+        self._commit_limit = limit
+        self.wake()
 
     def lag_bytes(self) -> int:
         return self.readable_end() - self._position

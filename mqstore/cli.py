@@ -204,6 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve = command("serve", "serve the store over Kafka's wire protocol", _cmd_serve)
     serve.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT")
     serve.add_argument("--no-auto-create", action="store_true", help="Metadata creates no topic")
+    serve.add_argument(
+        "--follow", metavar="HOST:PORT",
+        help="be a follower: copy this leader's CommitLog, refuse writes (docs/REPLICATION.md)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--replica-id", type=int, default=1, metavar="N", help="this follower's id (default: 1)"
+    )
+    serve.add_argument(
+        "--replica-ids", default="", metavar="N,N",
+        help="a leader's followers that count for the high watermark and acks=all",
+    )  # fmt: skip
+    serve.add_argument("--min-insync-replicas", type=int, default=1, metavar="N")
+    serve.add_argument("--replica-lag-time-max-ms", type=int, default=30_000, metavar="MS")
     add_security_options(serve)
 
     credentials = command("credentials", "manage the broker's SASL users", _cmd_credentials)

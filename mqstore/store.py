@@ -51,6 +51,7 @@ from mqstore.commitlog.errors import (
     FlushFailedError,
     InvalidArgumentError,
     InvalidTypeError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
     StoreClosedError,
@@ -88,6 +89,7 @@ from mqstore.reader import check_count as _check_count
 from mqstore.reader import check_offset as _check_offset
 from mqstore.room import check_room_for_first_files
 from mqstore.services import Scheduler
+from mqstore.store_replica import ReplicaStore
 from mqstore.topics import TopicRegistry
 
 __all__ = ["MessageStore"]
@@ -112,7 +114,7 @@ DISPATCH_BACKLOG_MAX_BYTES = 256 << 10  # about 1,500 100-byte messages
 REDISPATCH_ROUND_BYTES_MAX = 256 << 20
 
 
-class MessageStore(CommitLogEngine, StoreReader):
+class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
     """An embedded, persistent message store. Build with ``MessageStore.open``.
 
     Its read path (``get``, ``get_batch``) lives in mqstore.reader; it is also an
@@ -427,7 +429,10 @@ class MessageStore(CommitLogEngine, StoreReader):
         self._scheduler.start()
 
     def run_retention(self) -> retention.RetentionReport:
-        """Run one retention check now (the scheduler runs it periodically)."""
+        """Run one retention check now (the scheduler runs it periodically). A
+        follower deletes nothing: its log is its leader's copy (docs/REPLICATION.md)."""
+        if not self._closed and not self.read_only and self.commitlog.is_follower:
+            return retention.RetentionReport(0, self.commitlog.min_position, 0.0, False)
         self._check_writable()
         assert self._retention is not None
         assert self._dispatcher is not None
@@ -843,6 +848,8 @@ class MessageStore(CommitLogEngine, StoreReader):
             raise StoreClosedError("the store is closed")
         if self.read_only:
             raise ReadOnlyStoreError("the store is open read-only")
+        if self.commitlog.is_follower:
+            raise NotLeaderError("the store is a follower: write to its leader")
         if self._dispatcher is not None:
             self._dispatcher.check_failed()  # appends nobody could read: refuse them
 

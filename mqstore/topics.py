@@ -286,6 +286,30 @@ class TopicRegistry:
             self._topics = topics
         return config
 
+    def raw(self) -> bytes:
+        """The registry file's bytes as persisted (b"": no topic yet): what a leader
+        sends its followers (mqstore.replication)."""
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.read()  # written by rename: always one whole version
+        except FileNotFoundError:
+            return b""
+
+    def replace_from(self, raw: bytes) -> None:
+        """Replace every topic with those of a registry file's bytes (a follower
+        adopting its leader's topics), persisted atomically.
+
+        Raises:
+            CorruptDataError: ``raw`` does not validate; nothing changes.
+            ReadOnlyStoreError: the store is open read-only.
+        """
+        if self.read_only:
+            raise ReadOnlyStoreError("the store is open read-only: cannot change topics")
+        topics = _parse("<leader's topics>", raw)
+        with self._lock:
+            self._write(topics)
+            self._topics = topics
+
     def _write(self, topics: dict[str, TopicConfig]) -> None:
         body = {name: topic.to_json() for name, topic in sorted(topics.items())}
         document = {

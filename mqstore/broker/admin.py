@@ -29,6 +29,7 @@ from mqstore.broker.log import PartitionLog, UnsupportedByEngineError
 from mqstore.broker.protocol import APIS, ErrorCode
 from mqstore.commitlog.errors import (
     InvalidArgumentError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     StoreError,
     UnknownTopicError,
@@ -99,6 +100,8 @@ class Admin:
             self.log.add_partitions(topic.name, topic.count)
         except StoreError as error:
             log.info("create partitions of %s refused: %s", topic.name, error)
+            if isinstance(error, NotLeaderError):
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER, str(error)
             return ErrorCode.INVALID_PARTITIONS, str(error)
         return 0, None
 
@@ -135,6 +138,8 @@ class Admin:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
         except OffsetOutOfRangeError:
             return ErrorCode.OFFSET_OUT_OF_RANGE, -1
+        except NotLeaderError:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
         except StoreError as error:
             log.warning("delete records of %s-%d failed: %s", topic, partition, error)
             return ErrorCode.KAFKA_STORAGE_ERROR, -1

@@ -16,7 +16,7 @@ mqstore.broker.server and mqstore.broker.groups.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 from kafka.protocol.consumer import (
@@ -41,12 +41,14 @@ from mqstore.commitlog.errors import (
     InvalidArgumentError,
     InvalidRecordError,
     LimitExceededError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     StoreError,
     UnknownTopicError,
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.offsets import OffsetStore, validate_group
+from mqstore.replication.leader import ReplicaLeader
 from mqstore.segmented.file_records import FileSlices
 from mqstore.topics import (
     KAFKA_TOPIC_CONFIGS,
@@ -109,6 +111,8 @@ def error_for(error: StoreError) -> int:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if isinstance(error, InvalidRecordError):  # e.g. no key on a compacted topic
         return ErrorCode.INVALID_RECORD
+    if isinstance(error, NotLeaderError):
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
     if isinstance(error, OffsetOutOfRangeError):
         return ErrorCode.OFFSET_OUT_OF_RANGE
     if isinstance(error, LimitExceededError):
@@ -147,6 +151,11 @@ class Handlers:
         self.producer_ids = ProducerIds()
         self.producers = ProducerState(state_directory)
         self.producers.prune(self._end_offset)
+        #: True while the engine is a replication follower: writes are refused with
+        #: NOT_LEADER_OR_FOLLOWER (the Broker sets it; mqstore.replication).
+        self.is_follower: Callable[[], bool] = lambda: False
+        #: The leader's replication state (the Broker sets it): acks=all waits for its HW.
+        self.replication: ReplicaLeader | None = None
         self.admin = Admin(log_, config)
         # The admin APIs (mqstore.broker.admin), on the read threads like the rest.
         self.delete_topics = self.admin.delete_topics
@@ -200,7 +209,8 @@ class Handlers:
                 return _MetadataTopic(
                     error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name, partitions=[]
                 )
-            if not (allow_create and self.config.auto_create_topics):
+            creates = allow_create and self.config.auto_create_topics
+            if not creates or self.is_follower():  # a follower's topics are its leader's
                 return _MetadataTopic(
                     error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]
                 )
@@ -289,6 +299,8 @@ class Handlers:
         try:
             self.log.create_topic(topic.name, partitions, timestamp_type, configs)
         except StoreError as error:
+            if isinstance(error, NotLeaderError):
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER, str(error)
             if topic.name in self.log.topics():
                 return ErrorCode.TOPIC_ALREADY_EXISTS, str(error)
             return ErrorCode.INVALID_REQUEST, str(error)
@@ -302,7 +314,9 @@ class Handlers:
         responses = []
         for topic in request.topic_data:
             parts = [
-                self._produce_partition(topic.name, data.index, data.records, acks)
+                self._produce_partition(
+                    topic.name, data.index, data.records, acks, request.timeout_ms
+                )
                 for data in topic.partition_data
             ]
             responses.append(_ProduceTopic(name=topic.name, partition_responses=parts))
@@ -310,7 +324,9 @@ class Handlers:
             return None
         return ProduceResponse(version=version, responses=responses, throttle_time_ms=0)
 
-    def _produce_partition(self, topic: str, partition: int, records: Any, acks: int) -> Any:
+    def _produce_partition(
+        self, topic: str, partition: int, records: Any, acks: int, timeout_ms: int = 30_000
+    ) -> Any:
         def answer(code: int, base: int = -1, stamp: int = -1, start: int = -1) -> Any:
             return _ProducePartition(
                 index=partition, error_code=code, base_offset=base, log_append_time_ms=stamp,
@@ -319,8 +335,13 @@ class Handlers:
 
         if acks not in ACKS:
             return answer(ErrorCode.INVALID_REQUIRED_ACKS)
+        if self.is_follower():
+            return answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if not 0 <= partition < self._partitions(topic):
             return answer(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        replication = self.replication if acks == -1 else None
+        if replication is not None and not replication.enough_in_sync():
+            return answer(ErrorCode.NOT_ENOUGH_REPLICAS)  # refused before the append
         try:
             batch = check_produced(records)
             header = batch.header
@@ -330,7 +351,8 @@ class Handlers:
                 return answer(check.error)
             if check.duplicate_offset is not None:
                 start = self.log.log_start_offset(topic, partition)
-                return answer(0, check.duplicate_offset, -1, start)
+                return answer(self._replicated(replication, timeout_ms), check.duplicate_offset,
+                              -1, start)  # fmt: skip
             appended = self.log.append(topic, partition, batch)
             self.producers.appended(
                 *identity, header.base_sequence, header.records_count, appended.base_offset
@@ -338,7 +360,20 @@ class Handlers:
         except StoreError as error:
             log.info("produce to %s-%d refused: %s", topic, partition, error)
             return answer(error_for(error))
-        return answer(0, *appended)
+        return answer(self._replicated(replication, timeout_ms), *appended)
+
+    @staticmethod
+    def _replicated(replication: ReplicaLeader | None, timeout_ms: int) -> int:
+        """acks=all with followers configured: wait until the high watermark passes
+        what was just appended (every in-sync replica has it); the error code then."""
+        if replication is None or not replication.configured:
+            return 0
+        appended_end = replication.source.commitlog.write_position  # >= the batch's end
+        if replication.wait_for_high_watermark(appended_end, max(timeout_ms, 0)):
+            return 0
+        if not replication.enough_in_sync():
+            return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        return ErrorCode.REQUEST_TIMED_OUT
 
     # ------------------------------------------------------------------ fetch
 
@@ -455,6 +490,10 @@ class Handlers:
     def offset_commit(self, request: Any, version: int, group_error: int) -> Any:
         """Commit (``group_error`` is the coordinator's verdict on the member)."""
         code = group_error
+        if code == 0 and self.is_follower():
+            # Offsets are not replicated yet (docs/REPLICATION.md): a commit here
+            # would be lost, or would overwrite newer ones after a failover.
+            code = ErrorCode.NOT_LEADER_OR_FOLLOWER
         if code == 0:
             try:
                 validate_group(request.group_id)

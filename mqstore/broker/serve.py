@@ -21,8 +21,10 @@ from mqstore.broker.credentials import CREDENTIALS_FILE
 from mqstore.broker.server import Broker
 from mqstore.commitlog.errors import ConfigError
 from mqstore.engine import Engine
+from mqstore.replication.fetcher import ReplicaFetcher
+from mqstore.replication.leader import ReplicationConfig
 
-__all__ = ["cmd_serve", "parse_listen", "serve"]
+__all__ = ["cmd_serve", "parse_listen", "serve", "start_following"]
 
 log = logging.getLogger(__name__)
 
@@ -36,29 +38,62 @@ def serve(
     *,
     config: BrokerConfig | None = None,
     on_listening: Callable[[Broker], None] | None = None,
+    follow: str | None = None,
+    replica_id: int = 1,
+    replication: ReplicationConfig | None = None,
 ) -> None:
     """Serve ``engine`` over Kafka's protocol until SIGTERM or SIGINT (main thread
     only: it installs the signal handlers), then drain. The engine stays open: the
     caller closes it.
 
+    Args:
+        follow: ``HOST:PORT`` of a leader broker: the engine (a CommitLog store)
+            becomes its follower, copying the leader's CommitLog from its own end
+            (mqstore.replication) and refusing writes with NOT_LEADER_OR_FOLLOWER.
+        replica_id: this follower's id in its requests to the leader.
+        replication: as a leader, which followers count for the high watermark and
+            acks=all, min.insync.replicas and replica.lag.time.max.ms.
+
     Raises:
         OSError: the address cannot be bound.
+        ConfigError: ``follow`` is not HOST:PORT, or the engine cannot follow.
     """
     import attrs
 
     config = attrs.evolve(config or BrokerConfig(), host=host, port=port)
+    fetcher = start_following(engine, follow, replica_id) if follow is not None else None
     stop = threading.Event()
     previous = {number: signal.signal(number, lambda *_: stop.set()) for number in STOP_SIGNALS}
     try:
-        with Broker(engine, config) as broker:
+        with Broker(engine, config, replication=replication) as broker:
             if on_listening is not None:
                 on_listening(broker)
             while not stop.wait(1.0):
                 pass
             log.info("stopping: draining connections")
     finally:
+        if fetcher is not None:
+            fetcher.stop()
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def start_following(engine: Engine, leader: str, replica_id: int = 1) -> ReplicaFetcher:
+    """Make ``engine`` a follower of the broker at ``leader`` (HOST:PORT) and start
+    its fetcher thread; the caller stops it (``ReplicaFetcher.stop``) before closing
+    the engine.
+
+    Raises:
+        ConfigError: ``leader`` is not HOST:PORT, or the engine cannot follow (the
+            segmented engine has no single CommitLog to copy).
+    """
+    host, port = parse_listen(leader)
+    if not hasattr(engine, "become_follower"):
+        raise ConfigError("--follow needs the commitlog engine (one CommitLog to copy)")
+    if replica_id < 0:
+        raise ConfigError(f"replica id {replica_id} must be >= 0")
+    engine.become_follower()
+    return ReplicaFetcher(engine, host, port, replica_id=replica_id).start()
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -101,11 +136,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def listening(broker: Broker) -> None:
         # One line on stdout, so a script (or a test) learns the port when it asked for 0.
         print(f"mqstore: serving {args.store} on {broker.bootstrap}", flush=True)
+        if args.follow:
+            print(f"mqstore: following {args.follow}", flush=True)
         if broker.metrics_server is not None:
             server = broker.metrics_server
             print(f"mqstore: metrics on http://{server.host}:{server.port}/metrics", flush=True)
 
+    try:
+        replica_ids: list[int] = [int(n) for n in args.replica_ids.split(",") if n.strip()]
+        replication = ReplicationConfig(
+            replica_ids=replica_ids,
+            min_insync_replicas=args.min_insync_replicas,
+            replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"replication settings: {error}") from None
     store: Any
     with open_store(args, write=True) as store:
-        serve(store, host, port, config=config, on_listening=listening)
+        serve(
+            store, host, port, config=config, on_listening=listening, follow=args.follow,
+            replica_id=args.replica_id, replication=replication,
+        )  # fmt: skip
     return 0

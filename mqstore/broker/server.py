@@ -53,7 +53,7 @@ import threading
 import time
 from collections import Counter
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.credentials import CredentialStore
@@ -77,6 +77,13 @@ from mqstore.broker.sasl import SASL_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Au
 from mqstore.broker.zero_copy import ZERO_COPY_VERSIONS, SegmentLog, ZeroCopyResponse, encode_fetch
 from mqstore.commitlog.errors import StoreError
 from mqstore.engine import Engine
+from mqstore.replication.leader import ReplicaLeader, ReplicaSource, ReplicationConfig
+from mqstore.replication.protocol import (
+    REPLICA_FETCH_API_KEY,
+    ReplicationProtocolError,
+)
+from mqstore.replication.protocol import decode_request as decode_replica_fetch
+from mqstore.replication.protocol import encode_response as encode_replica_fetch
 from mqstore.segmented.store import SegmentedStore
 
 __all__ = ["Broker"]
@@ -110,7 +117,11 @@ class Broker:
         config: BrokerConfig | None = None,
         *,
         log_: PartitionLog | None = None,
+        replication: ReplicationConfig | None = None,
     ) -> None:
+        """``replication``: the leader's settings for its followers (which count for
+        the HW, min.insync.replicas, replica.lag.time.max.ms); None: the defaults, no
+        follower counts and acks=all waits for nobody but this broker."""
         self.engine = engine
         self.config = config or BrokerConfig()
         self.log = log_ or (
@@ -149,6 +160,13 @@ class Broker:
             assert self.config.credentials_path is not None  # BrokerConfig checks it
             self._credentials = CredentialStore(self.config.credentials_path)
         self._sasl_secret = secrets.token_bytes(32)  # unknown users' fake SCRAM salts
+        # Followers copy this engine's CommitLog through ReplicaFetch (a private api
+        # key, never advertised): CommitLog engines only (mqstore.replication).
+        self.replicas = (
+            ReplicaLeader(cast(ReplicaSource, engine), replication)
+            if hasattr(engine, "append_replica")
+            else None
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,6 +204,8 @@ class Broker:
             pool.shutdown(wait=True, cancel_futures=True)
         if self.handlers is not None:
             self.handlers.close()  # the producers' journal, compacted
+        if self.replicas is not None:
+            self.replicas.close()  # readers of the store see its whole log again
 
     def __enter__(self) -> Broker:
         return self.start()
@@ -219,6 +239,8 @@ class Broker:
             self.log, self.engine.offsets, self.config, self.port,
             state_directory=getattr(self.engine, "root", None),
         )  # fmt: skip
+        self.handlers.is_follower = lambda: bool(getattr(self.engine, "is_follower", False))
+        self.handlers.replication = self.replicas
         self.groups = GroupCoordinator(self.config, self.engine.offsets)
         expiry = asyncio.create_task(self.groups.expire_loop())
         self._started.set()
@@ -462,6 +484,8 @@ class Broker:
         if auth is not None and auth.raw_tokens and not auth.done:
             return await self._raw_token(auth, payload, client)
         head = peek(payload)
+        if head.api_key == REPLICA_FETCH_API_KEY and self.replicas is not None:
+            return await self._replica_fetch(payload)
         api = served(head)
         if api is None and auth is not None and head.api_key in SASL_APIS:
             api = SASL_APIS[head.api_key]
@@ -611,6 +635,33 @@ class Broker:
         except asyncio.CancelledError:
             future.add_done_callback(_release_pass)
             raise
+
+    async def _replica_fetch(self, payload: bytes) -> bytes:
+        """A follower's ReplicaFetch: long-polled in slices (so a stop is prompt) on
+        the wait threads, answered in mqstore.replication.leader."""
+        replicas = self.replicas
+        assert replicas is not None
+        try:
+            correlation_id, request = decode_replica_fetch(payload)
+        except ReplicationProtocolError as error:
+            raise MalformedRequestError(str(error)) from None
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + request.max_wait_ms / 1000
+        first = True
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            stopping = self._stopping is not None and self._stopping.is_set()
+            wait_ms = 0 if stopping else min(left_ms, LONG_POLL_SLICE_MS)
+            response = await loop.run_in_executor(
+                self._wait_pool, replicas.answer, request._replace(max_wait_ms=wait_ms), True,
+                first,
+            )  # fmt: skip
+            first = False
+            if response.data or response.error_code or response.topics is not None:
+                break
+            if stopping or left_ms == 0:
+                break
+        return encode_replica_fetch(response, correlation_id)
 
     async def _group_request(self, api: Api, head: RequestHead, payload: bytes) -> Any:
         groups, handlers = self.groups, self.handlers

@@ -360,3 +360,65 @@ def test_offset_metadata_past_kafkas_bound_is_refused(broker: Broker) -> None:
     fits, too_large = "m" * OFFSET_METADATA_BYTES_MAX, "é" * (OFFSET_METADATA_BYTES_MAX // 2 + 1)
     assert commit([fits, too_large]) == [0, 12]
     assert broker.engine.offsets.load("meta-group") == {("meta", 0): (5, fits)}
+
+
+def _raw(port: int, request: Any, correlation_id: int = 9) -> Any:
+    from tests.mqstore.broker.conftest import raw_request
+
+    request.with_header(correlation_id=correlation_id, client_id="raw")
+    payload = raw_request(port, bytes(request.encode(header=True, framed=True)))
+    assert payload is not None
+    return payload[4:]
+
+
+def test_a_follower_refuses_every_write_with_not_leader(tmp_path: Any) -> None:
+    from kafka.protocol.admin import (
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+    )
+    from kafka.protocol.consumer import OffsetCommitRequest, OffsetCommitResponse
+
+    from mqstore.broker import BrokerConfig
+    from tests.mqstore.engines import open_engine
+
+    store = open_engine("commitlog", tmp_path / "store")
+    store.create_topic("kept", partitions=1)
+    store.become_follower()
+    try:
+        with Broker(store, BrokerConfig(port=0)) as broker:
+            port = broker.port
+            frame = produce_frame("kept", idempotent_batch(-1, -1, 2), 1, acks=1)
+            assert produce_answer(port, frame).error_code == 6  # NOT_LEADER_OR_FOLLOWER
+            creatable = CreateTopicsRequest.CreatableTopic(
+                name="fresh", num_partitions=1, replication_factor=1, assignments=[], configs=[]
+            )
+            created = CreateTopicsResponse.decode(
+                _raw(port, CreateTopicsRequest(version=2, topics=[creatable], timeout_ms=5000,
+                                               validate_only=False)), version=2,
+            )  # fmt: skip
+            assert [t.error_code for t in created.topics] == [6]
+            grow = CreatePartitionsRequest.CreatePartitionsTopic(
+                name="kept", count=2, assignments=None
+            )
+            grown = CreatePartitionsResponse.decode(
+                _raw(port, CreatePartitionsRequest(version=0, topics=[grow], timeout_ms=5000,
+                                                   validate_only=False)), version=0,
+            )  # fmt: skip
+            assert [r.error_code for r in grown.results] == [6]
+            part = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                partition_index=0, committed_offset=0, committed_metadata=""
+            )
+            topic = OffsetCommitRequest.OffsetCommitRequestTopic(name="kept", partitions=[part])
+            committed = OffsetCommitResponse.decode(
+                _raw(port, OffsetCommitRequest(
+                    version=2, group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                    retention_time_ms=-1, topics=[topic],
+                )), version=2,
+            )  # fmt: skip
+            assert [p.error_code for p in committed.topics[0].partitions] == [6]
+    finally:
+        store.close()
+    assert store.topics.get("fresh") is None
+    assert store.offsets.load("g") == {}

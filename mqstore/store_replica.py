@@ -1,0 +1,130 @@
+"""The store's part in replication: a follower's copy of its leader's CommitLog.
+
+A follower store (``become_follower``) refuses every local write with
+``NotLeaderError`` (Kafka's NOT_LEADER_OR_FOLLOWER) and takes only bytes copied from
+its leader's CommitLog (``append_replica``), at its own write position and verified
+record by record (commitlog/replica.py). Its dispatcher builds the ConsumeQueues,
+the index and the queue-offset counters from those bytes as from local appends, and
+its flush and checkpoint run unchanged, so a follower's reads (``get``,
+``query_by_key``, ``offset_for_time``, the Kafka-style consumer) answer as the
+leader's. Topic metadata is not in the log: the leader sends its registry file's
+bytes (``replica_topics``) and the follower adopts them (``apply_replica_topics``)
+before the records that need them.
+
+The leader's side: ``replicable_end`` is where a follower may copy up to (in
+sync-flush mode only durable bytes), ``wait_for_position`` long-polls for bytes past
+a follower's end, and ``set_commit_limit`` holds what readers see below the high
+watermark (RocketMQ 5's confirmOffset) when followers count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mqstore.commitlog.errors import StoreClosedError
+
+if TYPE_CHECKING:
+    from mqstore.commitlog.commitlog import CommitLog
+    from mqstore.dispatch.dispatcher import Dispatcher
+    from mqstore.topics import TopicRegistry
+
+__all__ = ["ReplicaStore"]
+
+#: A wait_for_position poll when the store has no dispatcher (never on a writer).
+POLL_S = 0.001
+
+
+class ReplicaStore:
+    """Mixed into MessageStore: the follower's and the leader's replication calls."""
+
+    commitlog: CommitLog
+    topics: TopicRegistry
+    _dispatcher: Dispatcher | None
+    _put_topics: dict[str, int]
+    _closed: bool
+    _commit_limited = False  # set_commit_limit gave a limit
+
+    def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
+
+    def become_follower(self) -> None:
+        """Refuse local writes from now on (NotLeaderError) and take replicated bytes."""
+        self._check_replica_open()
+        self.commitlog.set_follower(True)
+        self._put_topics.clear()  # put's fast path must not skip the refusal
+
+    @property
+    def is_follower(self) -> bool:
+        return self.commitlog.is_follower
+
+    def append_replica(self, position: int, data: bytes | bytearray | memoryview) -> int:
+        """Append bytes of the leader's CommitLog at physical ``position`` (see
+        ``CommitLog.append_replica``); returns the new end of the log.
+
+        Raises:
+            ReplicaPositionError: ``position`` is not this log's end.
+            CorruptDataError: ``data`` is not whole, valid records; nothing is written.
+            IllegalStateError: the store is not a follower.
+        """
+        self._check_replica_open()
+        end = self.commitlog.append_replica(position, data)
+        self._after_batch()  # a follower catching up cannot outrun its dispatcher
+        return end
+
+    def replica_topics(self) -> bytes:
+        """The topic registry's bytes, for a follower (b"": no topic yet)."""
+        return self.topics.raw()
+
+    def apply_replica_topics(self, raw: bytes) -> None:
+        """Adopt the leader's topic registry (``replica_topics`` bytes).
+
+        Raises:
+            CorruptDataError: ``raw`` does not validate; nothing changes.
+        """
+        self._check_replica_open()
+        self.topics.replace_from(raw)
+
+    @property
+    def replicable_end(self) -> int:
+        """The end of what a follower may copy: every byte before it is a whole
+        record (and durable in sync-flush mode). Not held back by a commit limit:
+        followers must copy past the high watermark for it to move."""
+        commitlog = self.commitlog
+        if commitlog.config.flush_mode == "sync":
+            return commitlog.flushed_position
+        return commitlog.write_position
+
+    def set_commit_limit(self, limit: Callable[[], int] | None) -> None:
+        """Expose records to readers only below ``limit()`` (the leader's high
+        watermark; None: no limit). See Dispatcher.set_commit_limit."""
+        self._commit_limited = limit is not None
+        if self._dispatcher is not None:
+            self._dispatcher.set_commit_limit(limit)
+
+    def wake_dispatch(self) -> None:
+        """The commit limit moved: dispatch up to it now."""
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
+    def wait_for_position(self, position: int, timeout_ms: int) -> bool:
+        """Block until ``replicable_end`` passes ``position`` or the timeout ends;
+        return whether it did. Woken by the dispatcher's rounds; under a commit limit
+        a round adds nothing until the limit moves, so it polls every ms instead."""
+        dispatcher = self._dispatcher
+
+        def ready() -> bool:
+            return self._closed or self.replicable_end > position
+
+        if dispatcher is not None and not self._commit_limited:
+            return dispatcher.wait_for(ready, timeout_ms) and not self._closed
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not ready():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return not self._closed
+
+    def _check_replica_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
