@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--min-insync-replicas", type=int, default=1, metavar="N")
     serve.add_argument("--replica-lag-time-max-ms", type=int, default=30_000, metavar="MS")
+    serve.add_argument("--max-connections", type=int, metavar="N", help="default 2048")
+    serve.add_argument("--max-connections-per-ip", type=int, metavar="N", help="default 1024")
     add_security_options(serve)
 
     credentials = command("credentials", "manage the broker's SASL users", _cmd_credentials)

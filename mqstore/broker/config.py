@@ -87,8 +87,6 @@ class BrokerConfig:
     #: Threads that read for Fetch and ListOffsets (the produce path has one thread,
     #: which keeps each partition's appends and sequence checks in order).
     read_threads: int = attrs.field(default=4, validator=_int(1, 64))
-    #: Threads that long-poll for Fetch; a Fetch beyond them waits its turn.
-    wait_threads: int = attrs.field(default=32, validator=_int(1, 1024))
     #: group.initial.rebalance.delay.ms: a new group waits this long for more members.
     initial_rebalance_delay_ms: int = attrs.field(default=100, validator=_int(0, 300_000))
     #: group.min/max.session.timeout.ms.

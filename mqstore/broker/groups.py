@@ -32,6 +32,7 @@ UNKNOWN_MEMBER_ID and re-join (committed offsets are on disk).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 import uuid
 from typing import Any, Final
@@ -114,17 +115,27 @@ class _Group:
 class GroupCoordinator:
     """Every group of this broker (one broker: it coordinates them all)."""
 
-    def __init__(self, config: BrokerConfig, offsets: OffsetStore | None = None) -> None:
-        """``offsets``: where groups known only by committed offsets are listed."""
+    def __init__(
+        self,
+        config: BrokerConfig,
+        offsets: OffsetStore | None = None,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
+        """``offsets``: where groups known only by committed offsets are listed (a
+        directory listing: on ``executor``, the loop's default one when None, never on
+        the loop itself)."""
         self.config = config
         self.offsets = offsets
+        self.executor = executor
         self.groups: dict[str, _Group] = {}
 
     async def handle(self, api_key: int, request: Any, version: int) -> Any:
-        if api_key == LIST:
-            return self._list(version)
-        if api_key == DESCRIBE:
-            return self._describe(request, version)
+        if api_key in (LIST, DESCRIBE):
+            loop = asyncio.get_running_loop()
+            committed = await loop.run_in_executor(self.executor, self._committed_groups)
+            if api_key == LIST:
+                return self._list(version, committed)
+            return self._describe(request, version, set(committed))
         if api_key == JOIN:
             return await self._join(request, version)
         if api_key == SYNC:
@@ -368,6 +379,7 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ list, describe
 
     def _committed_groups(self) -> list[str]:
+        """The groups with committed offsets (lists a directory: off the loop)."""
         if self.offsets is None:
             return []
         try:
@@ -375,13 +387,13 @@ class GroupCoordinator:
         except (StoreError, OSError):
             return []  # an unreadable offsets directory lists nothing more
 
-    def _list(self, version: int) -> Any:
+    def _list(self, version: int, committed: list[str]) -> Any:
         listed = {
             group.id: group.protocol_type or CONSUMER
             for group in self.groups.values()
             if group.members or group.state != EMPTY
         }
-        for group_id in self._committed_groups():
+        for group_id in committed:
             listed.setdefault(group_id, CONSUMER)
         groups = [
             ListGroupsResponse.ListedGroup(group_id=group_id, protocol_type=protocol_type)
@@ -389,8 +401,7 @@ class GroupCoordinator:
         ]
         return ListGroupsResponse(version=version, throttle_time_ms=0, error_code=0, groups=groups)
 
-    def _describe(self, request: Any, version: int) -> Any:
-        committed = set(self._committed_groups())
+    def _describe(self, request: Any, version: int, committed: set[str]) -> Any:
         described = [self._describe_one(group_id, committed) for group_id in request.groups]
         return DescribeGroupsResponse(version=version, throttle_time_ms=0, groups=described)
 

@@ -116,7 +116,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     metrics_host, metrics_port = (
         parse_listen(args.metrics_listen) if args.metrics_listen else ("127.0.0.1", None)
     )
+    limits = {
+        name: value
+        for name, value in (
+            ("connections_max", args.max_connections),
+            ("connections_per_address_max", args.max_connections_per_ip),
+        )
+        if value is not None
+    }  # Kafka's max.connections and max.connections.per.ip; BrokerConfig bounds them
     config = BrokerConfig(
+        **limits,
         host=host,
         port=port,
         auto_create_topics=not args.no_auto_create,

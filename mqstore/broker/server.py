@@ -9,9 +9,10 @@ Seed 003's Reactor, in Python's terms:
   sends the responses in request order (Kafka's rule), so a slow request delays
   only the responses behind it on its own connection;
 - the work: Produce on one produce thread (appends and idempotence checks in
-  order), the other APIs on ``read_threads``, Fetch's long poll on ``wait_threads``
-  woken by the engine's ``wait_for_data``; the group APIs on the loop
-  (mqstore.broker.groups).
+  order), the other APIs on ``read_threads``; a Fetch's long poll parks on the loop
+  and one watcher thread wakes it from the engine's ``wait_for_data``
+  (mqstore.broker.longpoll); the group APIs on the loop (mqstore.broker.groups),
+  their directory listings on a read thread.
 
 Bounds: frame size (``frame_bytes_max``: a larger frame closes the connection
 unread), requests in flight per connection, request bytes read and not yet answered
@@ -60,6 +61,7 @@ from mqstore.broker.credentials import CredentialStore
 from mqstore.broker.groups import GroupCoordinator
 from mqstore.broker.handlers import FetchPass, Handlers
 from mqstore.broker.log import PartitionLog, RecordLog
+from mqstore.broker.longpoll import LongPolls
 from mqstore.broker.metrics import BrokerMetrics, MetricsServer, count_records, serve_metrics
 from mqstore.broker.protocol import (
     API_VERSIONS,
@@ -99,12 +101,17 @@ OFFSET_COMMIT: Final = 8
 GROUP_APIS: Final = frozenset((11, 12, 13, 14, 15, 16))
 #: What an unauthenticated connection may ask when SASL is on (Kafka's rule).
 BEFORE_AUTHENTICATION: Final = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
-LONG_POLL_SLICE_MS: Final = 500  # one wait_for_data call; the loop re-checks between
 #: A request up to this size is decoded (and a Fetch's answer encoded) on the loop; a
 #: larger one on a worker (8 MiB of Fetch partitions takes 0.3 s to decode).
 LOOP_CODEC_BYTES_MAX: Final = 64 << 10
 #: What a request task gives the sender: framed bytes, a zero-copy Fetch, or None.
 _Response = bytes | ZeroCopyResponse | None
+
+#: What _read_frame returns when the peer closed (a request frame is never empty).
+#: A follower's ReplicaFetch waits in slices this long, so a stop is prompt.
+LONG_POLL_SLICE_MS: Final = 500
+REPLICA_THREADS: Final = 8  # followers served at once; more wait for a thread
+PEER_CLOSED: Final = b""
 
 
 class Broker:
@@ -142,9 +149,13 @@ class Broker:
         self._read_pool = concurrent.futures.ThreadPoolExecutor(
             self.config.read_threads, "broker-read"
         )
-        self._wait_pool = concurrent.futures.ThreadPoolExecutor(
-            self.config.wait_threads, "broker-wait"
+        #: Followers' ReplicaFetch long polls (mqstore.replication): one thread per
+        #: follower at a time, in slices of LONG_POLL_SLICE_MS; clients' Fetches
+        #: never wait here (mqstore.broker.longpoll).
+        self._replica_pool = concurrent.futures.ThreadPoolExecutor(
+            REPLICA_THREADS, "broker-replica"
         )
+        self._long_polls: LongPolls | None = None  # made on the loop (_main)
         self.handlers: Handlers | None = None
         self.groups: GroupCoordinator | None = None
         self.metrics = BrokerMetrics(engine, self.log.high_watermark)
@@ -200,7 +211,9 @@ class Broker:
         if self.metrics_server is not None:
             self.metrics_server.stop()
             self.metrics_server = None
-        for pool in (self._produce_pool, self._read_pool, self._wait_pool):
+        if self._long_polls is not None:
+            self._long_polls.close()
+        for pool in (self._produce_pool, self._read_pool, self._replica_pool):
             pool.shutdown(wait=True, cancel_futures=True)
         if self.handlers is not None:
             self.handlers.close()  # the producers' journal, compacted
@@ -241,12 +254,14 @@ class Broker:
         )  # fmt: skip
         self.handlers.is_follower = lambda: bool(getattr(self.engine, "is_follower", False))
         self.handlers.replication = self.replicas
-        self.groups = GroupCoordinator(self.config, self.engine.offsets)
+        self.groups = GroupCoordinator(self.config, self.engine.offsets, self._read_pool)
+        self._long_polls = LongPolls(self.log, self._loop)
         expiry = asyncio.create_task(self.groups.expire_loop())
         self._started.set()
         log.info("broker listening on %s:%d", self.config.host, self.port)
         await self._stopping.wait()
         self._server.close()
+        self._long_polls.close()  # parked Fetches answer now, with what they have
         for task in list(self._connections):
             task.cancel()  # each connection drains what it has read (see _connection)
         if self._connections:
@@ -300,9 +315,17 @@ class Broker:
         )
         sender = asyncio.create_task(self._send(pending, writer, client))
         auth = self._authenticator()
+        requests: set[asyncio.Task[_Response]] = set()  # this connection's, unanswered
         try:
             while not sender.done():
                 payload = await self._read_frame(reader, client)
+                if payload is PEER_CLOSED:
+                    # Nobody reads the answers: stop the requests in flight now, so a
+                    # long poll does not hold its bytes and this connection's slot
+                    # until its deadline (a closing client's pipelined Fetches did).
+                    for request in requests:
+                        request.cancel()
+                    break
                 if payload is None:
                     break
                 if auth is not None and not auth.done and not self._may_ask(auth, payload):
@@ -314,6 +337,8 @@ class Broker:
                 # A done callback, not a finally: a task cancelled before it starts
                 # never runs its coroutine's finally.
                 task.add_done_callback(partial(self._release, len(payload)))
+                requests.add(task)
+                task.add_done_callback(requests.discard)
                 await pending.put(task)
                 if auth is not None and not auth.done:
                     await asyncio.wait([task])  # authentication goes one request at a time
@@ -347,8 +372,8 @@ class Broker:
         return int.from_bytes(payload[:2], "big", signed=True) in BEFORE_AUTHENTICATION
 
     async def _read_frame(self, reader: asyncio.StreamReader, client: str) -> bytes | None:
-        """One request payload, or None: the peer closed, went idle, or sent a frame
-        size out of bounds."""
+        """One request payload; PEER_CLOSED; or None: the peer went idle or sent a
+        frame size out of bounds."""
         idle_s = self.config.idle_timeout_ms / 1000
         try:
             prefix = await asyncio.wait_for(reader.readexactly(FRAME_SIZE.size), idle_s)
@@ -377,7 +402,7 @@ class Broker:
             self.metrics.closed_for_cause.labels("idle").inc()
             return None
         except (asyncio.IncompleteReadError, ConnectionError):
-            return None
+            return PEER_CLOSED
 
     async def _send(
         self,
@@ -597,9 +622,8 @@ class Broker:
     async def _fetch(self, request: Any, version: int) -> FetchPass:
         """One pass; if it holds fewer than min_bytes, long-poll and pass again.
         A pass that is not returned releases its file ranges."""
-        handlers = self.handlers
-        assert handlers is not None
-        loop = asyncio.get_running_loop()
+        handlers, long_polls = self.handlers, self._long_polls
+        assert handlers is not None and long_polls is not None
         wait_ms = min(max(request.max_wait_ms, 0), self.config.fetch_wait_max_ms)
         deadline = time.monotonic() + wait_ms / 1000
         zero_copy = self.zero_copy and version in ZERO_COPY_VERSIONS
@@ -619,9 +643,7 @@ class Broker:
                 )
                 return result
             result.release()
-            await loop.run_in_executor(
-                self._wait_pool, handlers.wait, result.waiting, min(left_ms, LONG_POLL_SLICE_MS)
-            )
+            await long_polls.wait(result.waiting, left_ms)
 
     async def _fetch_pass(self, request: Any, version: int, zero_copy: bool) -> FetchPass:
         """``Handlers.fetch_pass`` on a read thread. Cancelled meanwhile (shutdown, a
@@ -653,7 +675,7 @@ class Broker:
             stopping = self._stopping is not None and self._stopping.is_set()
             wait_ms = 0 if stopping else min(left_ms, LONG_POLL_SLICE_MS)
             response = await loop.run_in_executor(
-                self._wait_pool, replicas.answer, request._replace(max_wait_ms=wait_ms), True,
+                self._replica_pool, replicas.answer, request._replace(max_wait_ms=wait_ms), True,
                 first,
             )  # fmt: skip
             first = False

@@ -204,3 +204,32 @@ def test_a_members_protocol_metadata_is_bounded(commitlog_broker: Broker) -> Non
     assert not groups.groups.get("bulky") or not groups.groups["bulky"].members
     answer = join(b"x" * 100)
     assert answer.error_code == 0 and answer.member_id
+
+
+def test_list_and_describe_groups_read_the_offsets_directory_off_the_loop(
+    commitlog_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListGroups and DescribeGroups list the committed groups' directory (one
+    listdir, as slow as the disk): on a read thread, never on the event loop that
+    every connection waits for."""
+    import threading
+
+    from confluent_kafka.admin import AdminClient
+
+    offsets = commitlog_broker.engine.offsets
+    offsets.commit("embedded", {("grp", 0): (2, "")})
+    threads: list[str] = []
+    listing = offsets.groups
+
+    def recording_groups() -> list[str]:
+        threads.append(threading.current_thread().name)
+        return listing()
+
+    monkeypatch.setattr(offsets, "groups", recording_groups)
+    admin = AdminClient({"bootstrap.servers": commitlog_broker.bootstrap})
+    listed = admin.list_consumer_groups().result(timeout=30)
+    assert {group.group_id for group in listed.valid} == {"embedded"}
+    described = admin.describe_consumer_groups(["embedded"])["embedded"].result(timeout=30)
+    assert str(described.state).endswith("EMPTY")
+    assert len(threads) >= 2, threads  # one listing per request
+    assert "broker-loop" not in threads, threads

@@ -26,11 +26,13 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 START_S = 60.0
 
 
-def start_serve(store: Any, engine: str, *config: str) -> tuple[subprocess.Popen[str], str]:
+def start_serve(
+    store: Any, engine: str, *config: str, serve_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, "-m", "mqstore", "--store", str(store), "--engine", engine]
     for item in (*SMALL_FILES[engine], *config):
         command += ["--config", item]
-    command += ["serve", "--listen", "127.0.0.1:0"]
+    command += ["serve", "--listen", "127.0.0.1:0", *serve_args]
     errors = open(f"{store}.stderr", "w")  # noqa: SIM115 - the child writes it until it ends
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=errors, text=True,
@@ -147,3 +149,38 @@ def test_parse_listen() -> None:
     for bad in ("9092", "host:", "host:99999", "host:x"):
         with pytest.raises(ConfigError):
             parse_listen(bad)
+
+
+def test_connection_bounds_are_set_from_the_command_line(tmp_path: Any) -> None:
+    """``--max-connections-per-ip`` (and ``--max-connections``) set BrokerConfig's
+    bounds: a third connection from 127.0.0.1 is refused at 2; a bound out of range
+    stops serve with the config error."""
+    import socket
+
+    from tests.mqstore.broker.conftest import read_frame
+    from tests.mqstore.broker.test_protocol import request_frame
+    from tests.mqstore.broker.test_server import _api_versions_request
+
+    store = tmp_path / "store"
+    limits = ("--max-connections-per-ip", "2", "--max-connections", "100")
+    process, bootstrap = start_serve(store, "commitlog", serve_args=limits)
+    host, port = parse_listen(bootstrap)
+    try:
+        held = [socket.create_connection((host, port), timeout=30) for _ in range(3)]
+        answers = []
+        for conn in held:
+            conn.sendall(request_frame(_api_versions_request(), 1))
+            answers.append(read_frame(conn) is not None)
+        assert sorted(answers) == [False, True, True]  # one of the three refused
+        for conn in held:
+            conn.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    bad = subprocess.run(
+        [sys.executable, "-m", "mqstore", "--store", str(tmp_path / "other"), "serve",
+         "--listen", "127.0.0.1:0", "--max-connections-per-ip", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "connections_per_address_max" in bad.stderr
