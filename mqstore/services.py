@@ -3,8 +3,9 @@
 Each job runs on one worker thread, never overlaps itself, and coalesces missed
 runs: a slow checkpoint delays the next one instead of piling up. A tick that finds
 the job still running returns at once (a lock of the job's own; apscheduler's own
-max_instances=1 check would log a warning for every such tick, and long jobs such
-as a cleaner pass or a compaction copy have many). A failing job is logged and runs
+max_instances check would log a warning for every such tick, and long jobs such as a
+cleaner pass or a compaction copy have many; 3 instances leave room for two ticks
+that only look at the lock). A failing job is logged and runs
 again at its next tick.
 """
 
@@ -34,7 +35,7 @@ class Scheduler:
     def __init__(self) -> None:
         self._scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(WORKERS)},
-            job_defaults={"coalesce": True, "max_instances": 2, "misfire_grace_time": None},
+            job_defaults={"coalesce": True, "max_instances": 3, "misfire_grace_time": None},
         )
 
     def every_ms(self, interval_ms: int, job: Callable[[], object], name: str) -> None:

@@ -16,7 +16,7 @@ mqstore.broker.server and mqstore.broker.groups.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from kafka.protocol.consumer import (
@@ -449,12 +449,6 @@ class Handlers:
             slices.release()  # nothing there yet: the long poll waits for it
             slices = None
         return part, size, slices
-
-    def wait(self, positions: Sequence[tuple[str, int, int]], timeout_ms: int) -> bool:
-        try:
-            return self.log.wait(positions, timeout_ms)
-        except StoreError:
-            return False  # a topic went away meanwhile: answer with what is there
 
     # ------------------------------------------------------------------ offsets
 
