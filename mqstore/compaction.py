@@ -353,20 +353,15 @@ class CompactionLogs:
             CorruptDataError: a copied record does not verify.
         """
         records: list[Record] = []
-        taken = 0
         while len(records) < max_messages:
             found = self.store.read_records(
                 topic, queue_id, offset, min(max_messages - len(records), 10_000)
             )
             if not found:
                 break
-            for item in found:
-                raw = item.value if item.value is not None else _header(item.headers)
-                record = _decode_copy(raw, topic, queue_id, item.offset)
-                if max_bytes is not None and records and taken + record.size > max_bytes:
-                    return MessageBatch.from_records(records)
-                records.append(record)
-                taken += record.size
+            full = _take_copies(records, found, topic, queue_id, max_bytes)
+            if full:
+                break
             offset = found[-1].offset + 1
         if not records:
             return MessageBatch.empty(topic, queue_id)
@@ -485,6 +480,23 @@ def _or_unlimited(value: int | None) -> int:
     return -1 if value is None else value
 
 
+def _take_copies(
+    records: list[Record], items: Sequence[Any], topic: str, queue_id: int, max_bytes: int | None
+) -> bool:
+    """Append the CommitLog records the copy's ``items`` carry, decoded and verified,
+    while their sizes (with those already in ``records``) fit ``max_bytes`` (one at
+    least); True when one did not fit."""
+    taken = sum(record.size for record in records)
+    for item in items:
+        raw = item.value if item.value is not None else _header(item.headers)
+        record = _decode_copy(raw, topic, queue_id, item.offset)
+        if max_bytes is not None and records and taken + record.size > max_bytes:
+            return True
+        records.append(record)
+        taken += record.size
+    return False
+
+
 def _header(headers: Sequence[tuple[str, bytes]] | None) -> bytes:
     for name, value in headers or ():
         if name == RECORD_HEADER:
@@ -593,14 +605,7 @@ class CopyReader:
             return None
         items = self._records(topic, queue_id, offset, min(max_messages, 10_000))
         records: list[Record] = []
-        taken = 0
-        for item in items:
-            raw = item.value if item.value is not None else _header(item.headers)
-            record = _decode_copy(raw, topic, queue_id, item.offset)
-            if max_bytes is not None and records and taken + record.size > max_bytes:
-                break
-            records.append(record)
-            taken += record.size
+        _take_copies(records, items, topic, queue_id, max_bytes)
         if records:
             return MessageBatch.from_records(records)
         return None  # the ConsumeQueue from ``offset``, as for any topic
