@@ -28,6 +28,8 @@ SOURCES = (
     "recovery",
     "broker",
     "broker_fetch",
+    "broker_soak",
+    "broker_longpoll",
     "compaction",
     "replication",
 )
