@@ -461,6 +461,15 @@ def file_stats(root: str, log_end: int) -> dict[str, Any]:
     out["checkpoint_dispatched_position"] = dispatched
     out["dispatch_lag_bytes"] = None if dispatched is None else max(0, log_end - dispatched)
     out["writer_open_or_crashed"] = os.path.exists(os.path.join(root, "abort"))
+    # The compacted topics' cleaner, as its last round left its figures (the
+    # writer's totals since it opened; mqstore.compaction).
+    try:
+        with open(os.path.join(root, "compaction", "cleaner-stats.json"), encoding="utf-8") as f:
+            cleaner = json.load(f)
+    except (OSError, ValueError):
+        cleaner = {}
+    if isinstance(cleaner, dict):
+        out.update((f"compaction_{k}", v) for k, v in cleaner.items() if k.startswith("cleaner"))
     return out
 
 

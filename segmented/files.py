@@ -28,6 +28,7 @@ from mqstore.commitlog.durable import fsync_directory  # re-exported: the segmen
 __all__ = [
     "CLEANED_SUFFIX",
     "CLEANER_CHECKPOINT_NAME",
+    "CLEANER_STATS_NAME",
     "CLEAN_SHUTDOWN_NAME",
     "SWAP_SUFFIX",
     "DELETED_SUFFIX",
@@ -50,6 +51,7 @@ DELETED_SUFFIX: Final = ".deleted"
 CLEANED_SUFFIX: Final = ".cleaned"  # a segment the cleaner is writing: deleted at open
 SWAP_SUFFIX: Final = ".swap"  # a cleaned segment committed to replace others: completed at open
 CLEANER_CHECKPOINT_NAME: Final = "cleaner-offset-checkpoint"
+CLEANER_STATS_NAME: Final = "cleaner-stats.json"  # the cleaner's figures (log_cleaner)
 OFFSET_DIGITS: Final = 20  # enough for any int64 offset
 CLEAN_SHUTDOWN_NAME: Final = ".kafka_cleanshutdown"
 RECOVERY_POINT_CHECKPOINT_NAME: Final = "recovery-point-offset-checkpoint"

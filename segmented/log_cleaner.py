@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import attrs
 
+from mqstore.atomic import write_json_atomically
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.segmented.checkpoint import read_offsets, write_offsets
 from mqstore.segmented.cleaner import (
@@ -44,7 +45,7 @@ from mqstore.segmented.cleaner import (
     dirty_ratio,
     overdue,
 )
-from mqstore.segmented.files import CLEANER_CHECKPOINT_NAME
+from mqstore.segmented.files import CLEANER_CHECKPOINT_NAME, CLEANER_STATS_NAME
 from mqstore.segmented.partition_log import PartitionLog
 from mqstore.segmented.segment import LogSegment
 from mqstore.topics import TopicConfig
@@ -154,6 +155,8 @@ class LogCleaner:
                 except Exception as error:  # any: KAFKA-19895, retried with a backoff
                     self._failed(key, error)
                     errors.append(error)
+            if results or errors:
+                self._write_stats()
             if force and errors:
                 raise errors[0]
             return results
@@ -231,6 +234,17 @@ class LogCleaner:
 
     def _write_checkpoints(self) -> None:
         write_offsets(self.path, self._checkpoints)
+
+    def _write_stats(self) -> None:
+        """``stats()`` into ``cleaner-stats.json`` after a round that did something,
+        for readers without the writer's process (``mqstore stats`` on a CommitLog
+        store reads its copies' figures there). Figures only: a failed write is
+        logged, never raised."""
+        path = os.path.join(os.path.dirname(self.path), CLEANER_STATS_NAME)
+        try:
+            write_json_atomically(path, self.stats())
+        except OSError as error:
+            log.warning("could not write %s: %s", path, error)
 
     # ------------------------------------------------------------------ stats
 

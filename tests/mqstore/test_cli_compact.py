@@ -64,6 +64,11 @@ def test_a_compacted_topic_on_the_commitlog_engine_from_the_shell(tmp_path: Path
     assert [r["offset"] for r in records] == [196, 197, 198, 199]
     stats = mqstore(store, "stats").stdout.decode()
     assert "compaction_files" in stats and "compaction_bytes" in stats
+    # The cleaner's figures, as its last round wrote them for readers like this one.
+    (figures,) = json_lines(mqstore(store, "stats", "--json"))
+    assert figures["compaction_cleaner_passes"] == 1
+    assert figures["compaction_cleaner_last_keys"] == 4
+    assert figures["compaction_cleaner_bytes_read"] == result["bytes_read"]
 
 
 def test_keyless_records_and_bad_settings_are_one_line_errors(tmp_path: Path) -> None:
