@@ -34,6 +34,7 @@ needed and ``MQSTORE_PURE_PYTHON`` does not apply.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
 import struct
@@ -43,6 +44,8 @@ from typing import Final
 import numpy as np
 
 __all__ = ["NOTICE_NAME", "Follower", "Notifier"]
+
+log = logging.getLogger(__name__)
 
 NOTICE_NAME: Final = "notify"
 NOTICE_SIZE: Final = 64
@@ -130,7 +133,9 @@ class Notifier:
 
     @classmethod
     def create(cls, root: str) -> Notifier | None:
-        """Create or take over ``<root>/notify``; None where futex(2) is missing.
+        """Create or take over ``<root>/notify``; None where futex(2) is missing, or
+        where something that is not a file holds the name (a directory made by hand:
+        the notice is an optimisation, so followers poll instead; logged).
 
         Raises:
             OSError: the file cannot be created or mapped (the store's open fails, as
@@ -139,7 +144,11 @@ class Notifier:
         if _syscall_keeping_gil is None:
             return None
         path = os.path.join(root, NOTICE_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            log.warning("%s is a directory, not the notice file: followers will poll", path)
+            return None
         try:
             if os.fstat(fd).st_size != NOTICE_SIZE:
                 os.ftruncate(fd, NOTICE_SIZE)

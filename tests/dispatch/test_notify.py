@@ -167,3 +167,20 @@ def test_bump_after_close_is_a_no_op(tmp_path):
     notifier.close()
     notifier.bump()  # a round finishing while the store closes
     assert notifier.bumps == 0
+
+
+def test_a_directory_where_the_notice_file_goes_leaves_followers_to_poll(tmp_path):
+    """Not a bare IsADirectoryError at the store's open: the notice is optional."""
+    from mqstore import MessageStore
+
+    (tmp_path / NOTICE_NAME).mkdir()
+    assert Notifier.create(str(tmp_path)) is None
+    assert Follower.open(str(tmp_path)) is None
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    (store_root / NOTICE_NAME).mkdir()
+    with MessageStore.open(store_root) as store:
+        store.put("t", 0, b"v")
+        with MessageStore.open(store_root, read_only=True) as reader:
+            assert reader.wait_for("t", 0, 0, 1_000)
+            assert bytes(reader.get("t", 0, 0, 1)[0].body) == b"v"
