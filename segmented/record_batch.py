@@ -633,6 +633,18 @@ def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: i
                 return -signed - 1 if result & 1 else signed
         raise ValueError((cursor, "varint longer than 10 bytes"))
 
+    def sized(what: str, least: int, limit: int) -> int:
+        """A size field: reported where it starts if it does not read, where its span
+        would start if out of [least, bytes left] (as the C walk reports them)."""
+        at = cursor
+        try:
+            size = zigzag(limit)
+        except ValueError:
+            raise ValueError((at, what)) from None
+        if size < least or size > limit - cursor:
+            raise ValueError((cursor, what))
+        return size
+
     for index in range(count):
         record_start = cursor
         try:
@@ -655,31 +667,12 @@ def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: i
         previous = delta
         fields = [delta]
         for what in ("key size", "value size"):
-            at = cursor
-            try:
-                size = zigzag(record_end)
-            except ValueError:
-                raise ValueError((at, what)) from None
-            if size < -1 or size > record_end - cursor:
-                raise ValueError((cursor, what))
+            size = sized(what, -1, record_end)
             fields += (cursor, size)
             cursor += max(size, 0)
-        at = cursor
-        try:
-            headers = zigzag(record_end)
-        except ValueError:
-            raise ValueError((at, "header count")) from None
-        if headers < 0 or headers > record_end - cursor:
-            raise ValueError((cursor, "header count"))
-        for _ in range(headers):
+        for _ in range(sized("header count", 0, record_end)):
             for what, least in (("header key", 0), ("header value", -1)):
-                at = cursor
-                try:
-                    size = zigzag(record_end)
-                except ValueError:
-                    raise ValueError((at, what)) from None
-                if size < least or size > record_end - cursor:
-                    raise ValueError((cursor, what))
+                size = sized(what, least, record_end)  # it moves the cursor: read it first
                 cursor += max(size, 0)
         if cursor != record_end:
             raise ValueError((cursor, "record does not fill its length"))
