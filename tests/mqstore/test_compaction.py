@@ -24,8 +24,11 @@ from mqstore.commitlog.errors import (
     InvalidArgumentError,
     InvalidRecordError,
     OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    UnknownTopicError,
 )
 from mqstore.engine import ProducerRecord
+from tests.segmented.conftest import FakeClock
 
 from .conftest import SMALL
 
@@ -34,17 +37,6 @@ HOUR_MS = 3_600_000
 START_MS = 1_700_000_000_000
 KEYS = [f"k{i}" for i in range(6)]  # a small key space: most records go obsolete
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0"}
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = START_MS) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, delta_ms: int) -> None:
-        self.now_ms += delta_ms
 
 
 def _config(**overrides: object) -> StoreConfig:
@@ -333,9 +325,17 @@ def test_compact_refuses_a_delete_topic_and_a_read_only_store(tmp_path) -> None:
         with pytest.raises(InvalidArgumentError, match="nothing to compact"):
             store.compact("plain")
         store.create_topic("c", topic_configs=COMPACT)
-        described = store.describe_topic("c")
-        assert described.compacted and described.min_cleanable_dirty_ratio == 0
-        assert store.stats()["compaction"]["copied_records"] == 0
+        store.put("c", 0, b"v", keys="k")
+        reader = MessageStore.open(path, _config(), read_only=True)
+        try:
+            with pytest.raises(ReadOnlyStoreError):
+                reader.compact("c")
+        finally:
+            reader.close()
+        with pytest.raises(UnknownTopicError):
+            store.compact("absent")
+    with MessageStore.open(path, _config()) as store:  # nothing was compacted or lost
+        assert [bytes(m.body) for m in store.get("c", 0, 0, 10)] == [b"v"]
 
 
 # ---------------------------------------------------------------------- kills
