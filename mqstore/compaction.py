@@ -209,7 +209,10 @@ class CompactionLogs:
 
     def compacted(self, topic: str, queue_id: int | None = None) -> bool:
         """Whether reads of ``topic`` (its queue ``queue_id``) go through a copy: the
-        topic is compacted now and its copy has that partition."""
+        topic is compacted now and its copy has that partition. Arguments of the
+        wrong type are not compacted: the ordinary read path says what is wrong."""
+        if not _queue_args(topic, queue_id):
+            return False
         config = self._topics.get(topic)
         if config is None or not config.compacted:
             return False
@@ -476,6 +479,11 @@ class CompactionLogs:
         self.store._crash()
 
 
+def _queue_args(topic: object, queue_id: object) -> bool:
+    """Whether (topic, queue_id) have the types a queue's name has."""
+    return type(topic) is str and (queue_id is None or (type(queue_id) is int and queue_id >= 0))
+
+
 def _or_unlimited(value: int | None) -> int:
     return -1 if value is None else value
 
@@ -537,6 +545,8 @@ class CopyReader:
         self._topics = topics
 
     def compacted(self, topic: str, queue_id: int | None = None) -> bool:
+        if not _queue_args(topic, queue_id):
+            return False
         config = self._topics.get(topic)
         if config is None or not config.compacted:
             return False

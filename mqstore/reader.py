@@ -128,9 +128,9 @@ class StoreReader:
     ) -> MessageBatch | None:
         """A compacted queue's read below its copy's end (mqstore.compaction), or None."""
         compaction = self._compaction
-        if compaction is None:
-            return None
-        self._queue(topic, queue_id)  # the checks (unknown topic...) and a catch-up
+        if compaction is None or not compaction.compacted(topic, queue_id):
+            return None  # other topics' reads check and catch up once, in _read_runs
+        self._queue(topic, queue_id)  # the checks and a catch-up before the copy's end
 
         def read_queue(start: int) -> MessageBatch:
             runs = self._read_runs(topic, queue_id, start, max_messages, max_bytes)

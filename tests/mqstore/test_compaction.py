@@ -445,3 +445,18 @@ def test_a_compacted_topic_kept_forever_does_not_hold_commitlog_files(tmp_path) 
     assert store.run_retention().deleted_files > 0
     assert [bytes(m.body) for m in _read_all(store)][-6:] == [b"v%d" % i for i in range(6, 12)]
     store.close()
+
+
+def test_bad_read_arguments_on_a_store_with_copies_are_typed_errors(tmp_path) -> None:
+    """The copy's check comes first on every read: it must leave wrong types to the
+    ordinary checks (InvalidTypeError), never raise a bare TypeError itself."""
+    from mqstore.commitlog.errors import InvalidTypeError
+
+    with MessageStore.open(tmp_path / "s", _config()) as store:
+        store.create_topic("c", topic_configs=COMPACT)
+        store.put("c", 0, b"v", keys="k")
+        for topic, queue_id in ((["c"], 0), ("c", "0"), ("c", 1.0), (b"c", 0)):
+            with pytest.raises(InvalidTypeError):
+                store.get(topic, queue_id, 0)  # type: ignore[arg-type]
+            with pytest.raises(InvalidTypeError):
+                store.get_batch(topic, queue_id, 0)  # type: ignore[arg-type]
