@@ -473,6 +473,55 @@ class CommitLog:
             group_commit.wait_durable(end)
         return end
 
+    def truncate_replica(self, position: int, derived_end: int) -> int:
+        """Cut a follower's log at ``position`` (a record boundary: the divergence
+        point its leader named), durably: later files are deleted, newest first, and
+        the directory synced; then the rest of the file that holds ``position`` is
+        zeroed and synced. A crash in between leaves a prefix of the old log, which
+        the next divergence check cuts again.
+
+        The queue-offset table is rebuilt as at open: the records from
+        ``derived_end`` (below it, every record is in the ConsumeQueues, which the
+        caller truncates at ``position`` next) to ``position`` are scanned, and the
+        other queues reload from their ConsumeQueues on their next append
+        (apache/rocketmq#7689: offsets reused after a truncation lost messages).
+
+        Returns:
+            The bytes cut off.
+
+        Raises:
+            IllegalStateError: the log is not a follower's.
+            OffsetOutOfRangeError: ``position`` is past the end or before the first file.
+        """
+        with self._flush_lock, self._lock:
+            self._check_replica_writable()
+            appender = self._appender
+            end = appender.write_position
+            if not self.min_position <= position <= end:
+                raise OffsetOutOfRangeError(
+                    f"cannot truncate to {position}: the log holds [{self.min_position}, {end})"
+                )
+            if position == end:
+                return 0
+            self._truncate_after(position)
+            if self._current is not None:
+                self._syncer(self._current)
+            else:  # cut at a file boundary past the last file: take it on the next append
+                self._set_current(self._take_file(position))
+            appender.write_position = position
+            if self._flushed_position > position:
+                self._flushed_position = position
+                self._flushed_mark = (position, self._flushed_mark[1])
+            self._queue_offsets.clear()
+            self._seeded_topics.clear()
+            rescan_from = max(min(derived_end, position), self.min_position)
+            scan_log(self._files, rescan_from, self._queue_offsets, appender.last_store_ts_ms)
+            if appender.feed is not None:
+                appender.feed = []
+                self._feed_start = position
+            self._arm_prepare_next()
+        return end - position
+
     def _check_replica_writable(self) -> None:
         """append_replica's _check_writable: the same errors, and a leader refuses."""
         if self._failure is not None or self._sealed or self.read_only:

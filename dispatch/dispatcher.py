@@ -35,10 +35,11 @@ Reopening the store (once the cause is fixed) starts a fresh dispatcher.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple, NoReturn, Protocol
 
 import numpy as np
@@ -380,6 +381,28 @@ class Dispatcher:
         record boundary that never moves back; None removes the limit. Whoever moves
         it calls ``wake``; the thread's round every ``interval_ms`` also sees it."""
         self._commit_limit = limit
+        self.wake()
+
+    @contextlib.contextmanager
+    def truncating(self) -> Iterator[Callable[[int], None]]:
+        """Hold off rounds while a follower's log and derived files are cut; the
+        yielded ``rewind(position)`` moves the dispatch position back to the cut
+        (dispatch resumes from there) and drops the work queued past it."""
+
+        def rewind(position: int) -> None:
+            self._position = min(self._position, position)
+            self._work = []
+            self._work_end = self._position
+            if self._tail is not None:  # its cached tails point past the cut
+                self._tail.detach_all()
+                self._tail = TailWriter(self._queues)  # type: ignore[arg-type]
+                self._log_scan = LogScan(
+                    self._commitlog, self._queues.queue, self._tail, self._uses_create_time,
+                    self._tag_hash,
+                )  # fmt: skip
+
+        with self._round_lock:
+            yield rewind
         self.wake()
 
     def lag_bytes(self) -> int:

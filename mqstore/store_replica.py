@@ -19,15 +19,22 @@ watermark (RocketMQ 5's confirmOffset) when followers count.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mqstore.commitlog.errors import StoreClosedError
+import attrs
+
+from mqstore.commitlog.errors import IllegalStateError, StoreClosedError
+from mqstore.replication.epochs import LeaderEpochs
 
 if TYPE_CHECKING:
+    from mqstore.commitlog.checkpoint import Checkpoint, CheckpointFile
     from mqstore.commitlog.commitlog import CommitLog
+    from mqstore.consumequeue.queue_store import ConsumeQueueStore
     from mqstore.dispatch.dispatcher import Dispatcher
+    from mqstore.indexfile.index_service import IndexService
     from mqstore.topics import TopicRegistry
 
 __all__ = ["ReplicaStore"]
@@ -39,14 +46,76 @@ POLL_S = 0.001
 class ReplicaStore:
     """Mixed into MessageStore: the follower's and the leader's replication calls."""
 
+    root: str
+    read_only: bool
     commitlog: CommitLog
     topics: TopicRegistry
+    consume_queues: ConsumeQueueStore
+    index: IndexService
     _dispatcher: Dispatcher | None
     _put_topics: dict[str, int]
     _closed: bool
+    _checkpoint: Checkpoint
+    _checkpoint_file: CheckpointFile | None
+    _checkpoint_guard: threading.Lock
     _commit_limited = False  # set_commit_limit gave a limit
+    _epochs: LeaderEpochs | None = None
 
     def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
+
+    def _write_checkpoint(self, derived: bool = False) -> None: ...  # MessageStore's
+
+    @property
+    def epochs(self) -> LeaderEpochs:
+        """The leader epochs and role (mqstore.replication.epochs), loaded on first use;
+        entries past the log's end (lost in a crash) are dropped then."""
+        epochs = self._epochs
+        if epochs is None:
+            epochs = LeaderEpochs(self.root, self.read_only)
+            epochs.drop_past(self.commitlog.write_position)
+            self._epochs = epochs
+        return epochs
+
+    def truncate_replica(self, position: int) -> int:
+        """Cut a follower's log at ``position`` (its divergence point from the
+        leader) with everything derived from it, durably; returns the bytes cut.
+
+        Order, so a crash at any step leaves a log the next divergence check cuts
+        again and nothing stale comes back (apache/rocketmq#10666, #7689):
+        1. the checkpoint is lowered to the cut (recovery never trusts past it);
+        2. the epoch entries past the cut are dropped;
+        3. the CommitLog is cut and synced (files past it deleted, the rest zeroed);
+        4. ConsumeQueue units and index entries at or past the cut are removed, the
+           queue-offset table is rebuilt, and dispatch resumes from the cut;
+        5. a new checkpoint is written with the derived files flushed.
+
+        Raises:
+            IllegalStateError: the store is not a follower.
+            OffsetOutOfRangeError: ``position`` is past the end or before the first file.
+        """
+        self._check_replica_open()
+        commitlog, dispatcher = self.commitlog, self._dispatcher
+        if not commitlog.is_follower or dispatcher is None or self._checkpoint_file is None:
+            raise IllegalStateError("only a follower's writer store truncates its log")
+        if position == commitlog.write_position:
+            return 0
+        with self._checkpoint_guard, dispatcher.truncating() as rewind:
+            derived_end = dispatcher.position
+            checkpoint = self._checkpoint
+            self._checkpoint = self._checkpoint_file.store(
+                attrs.evolve(
+                    checkpoint,
+                    flushed_position=min(checkpoint.flushed_position, position),
+                    dispatched_position=min(checkpoint.dispatched_position, position),
+                )
+            )
+            self.epochs.truncate_from(position)
+            cut = commitlog.truncate_replica(position, derived_end)
+            self.consume_queues.truncate_beyond(position)
+            self.index.truncate_beyond(position)
+            rewind(position)
+        self._write_checkpoint(derived=True)
+        return cut
 
     def become_follower(self) -> None:
         """Refuse local writes from now on (NotLeaderError) and take replicated bytes."""

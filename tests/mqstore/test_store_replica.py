@@ -137,3 +137,129 @@ def test_the_leaders_topics_are_adopted_whole(tmp_path, open_store):
         follower.apply_replica_topics(leader.replica_topics()[:-9])  # torn
     assert follower.topics.all() == before
     assert follower.replica_topics() == leader.replica_topics()  # same bytes: same CRC
+
+
+# ---------------------------------------------------------------- truncation (issue 18)
+
+
+def _diverge(tmp_path, open_store, config=None):
+    """A leads and B copies a common prefix; A then writes a tail B never gets, and B
+    (promoted) writes its own. Returns (A, B, the common end)."""
+    a = open_store(config, path=tmp_path / "a")
+    b = open_store(config, path=tmp_path / "b")
+    b.become_follower()
+    _fill(a, 300)
+    _catch_up(a, b, 1 << 20)
+    common = a.commitlog.write_position
+    for i in range(400):  # A's tail, lost to everyone else: past a file boundary
+        a.put("orders", i % 2, b"stale-%d" % i + bytes(300), keys=[f"stale{i}"])
+    b.commitlog.set_follower(False)
+    for i in range(50):
+        b.put("orders", i % 2, b"fresh-%d" % i, keys=[f"fresh{i}"])
+    return a, b, common
+
+
+def _log_bytes(store) -> bytes:
+    return b"".join(bytes(f.mapping[:]) for f in store.commitlog.files())
+
+
+def test_a_truncated_follower_ends_byte_identical_with_its_new_leader(tmp_path, open_store):
+    a, b, common = _diverge(tmp_path, open_store)
+    assert a.commitlog.file_count > b.commitlog.file_count  # the tail spans a roll
+    a.become_follower()
+    end = a.commitlog.write_position
+    assert a.truncate_replica(common) == end - common  # all of the tail
+    assert a.commitlog.write_position == common
+    assert a.query_by_key("orders", "stale5") == []
+    assert a.max_offset("orders", 0) == b.max_offset("orders", 0) - 25  # rolled back
+    _catch_up(b, a, 4096)
+    assert _log_bytes(a) == _log_bytes(b)
+    for topic in TOPICS:
+        for queue_id in (0, 1):
+            assert a.max_offset(topic, queue_id) == b.max_offset(topic, queue_id)
+            assert _answers(a, topic, queue_id) == _answers(b, topic, queue_id)
+    assert [m.value for m in a.query_by_key("orders", "fresh7")] == [b"fresh-7"]
+    # Promoted again, A continues every queue's offsets where B's records left them.
+    a.commitlog.set_follower(False)
+    result = a.put("orders", 1, b"after", keys=["after"])
+    assert result.queue_offset == b.max_offset("orders", 1)
+
+
+def test_a_truncation_survives_a_crash_and_the_stale_tail_stays_gone(tmp_path, open_store):
+    a, b, common = _diverge(tmp_path, open_store)
+    a.become_follower()
+    a.truncate_replica(common)
+    _catch_up(b, a, 1 << 20)
+    a._crash()
+    a = open_store(path=tmp_path / "a")
+    assert a.commitlog.write_position == b.commitlog.write_position
+    assert _log_bytes(a) == _log_bytes(b)
+    assert a.query_by_key("orders", "stale5") == []
+    assert _answers(a, "orders", 0) == _answers(b, "orders", 0)
+
+
+def test_a_crash_inside_a_truncation_leaves_a_prefix_that_truncates_again(
+    tmp_path, open_store, monkeypatch
+):
+    a, b, common = _diverge(tmp_path, open_store)
+    a.become_follower()
+    end = a.commitlog.write_position
+
+    def crash(*args):
+        raise OSError("power went out here")
+
+    monkeypatch.setattr(type(a.commitlog), "truncate_replica", crash)
+    with pytest.raises(OSError):
+        a.truncate_replica(common)
+    monkeypatch.undo()
+    a._crash()
+    a = open_store(path=tmp_path / "a")
+    # The checkpoint was lowered first: recovery scanned the tail again, whole.
+    assert a.commitlog.write_position == end
+    a.become_follower()
+    a.truncate_replica(common)
+    _catch_up(b, a, 1 << 20)
+    assert _log_bytes(a) == _log_bytes(b)
+
+
+def test_truncation_refuses_a_leader_and_a_position_outside_the_log(tmp_path, open_store):
+    from mqstore.commitlog.errors import IllegalStateError, OffsetOutOfRangeError
+
+    store = open_store()
+    _fill(store, 10)
+    with pytest.raises(IllegalStateError):
+        store.truncate_replica(0)
+    store.become_follower()
+    with pytest.raises(OffsetOutOfRangeError):
+        store.truncate_replica(store.commitlog.write_position + 1)
+    assert store.max_offset("orders", 0) == 5  # nothing cut
+
+
+def test_a_crash_after_the_log_is_cut_recovers_to_the_cut_not_to_the_old_checkpoint(
+    tmp_path, open_store, monkeypatch
+):
+    import shutil
+
+    a, b, common = _diverge(tmp_path, open_store)
+    a.commitlog.flush_to(a.commitlog.write_position)
+    a._dispatcher.dispatch_available()
+    a._write_checkpoint(derived=True)  # the checkpoint vouches for the whole stale tail
+    assert a._checkpoint.dispatched_position > common
+    a.become_follower()
+
+    def crash(*args):  # what a SIGKILL here leaves: the files as they are now
+        shutil.copytree(tmp_path / "a", tmp_path / "crashed")
+        raise OSError("killed here")
+
+    monkeypatch.setattr(type(a.consume_queues), "truncate_beyond", crash)
+    with pytest.raises(OSError):
+        a.truncate_replica(common)
+    monkeypatch.undo()
+    a = open_store(path=tmp_path / "crashed")
+    assert a.recovered_from_crash
+    assert a.commitlog.write_position == common
+    assert a.query_by_key("orders", "stale5") == []
+    a.become_follower()
+    _catch_up(b, a, 1 << 20)
+    assert _log_bytes(a) == _log_bytes(b)
+    assert _answers(a, "orders", 1) == _answers(b, "orders", 1)
