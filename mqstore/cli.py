@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="be a follower: copy this leader's CommitLog, refuse writes (docs/REPLICATION.md)",
     )  # fmt: skip
     serve.add_argument(
-        "--replica-id", type=int, default=1, metavar="N", help="this follower's id (default: 1)"
-    )
+        "--replica-id", type=int, metavar="N",
+        help="this node's id in Metadata and as a follower (default: 1 with --follow, else 0)",
+    )  # fmt: skip
     serve.add_argument(
         "--replica-ids", default="", metavar="N,N",
         help="a leader's followers that count for the high watermark and acks=all",
@@ -220,6 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=int, metavar="N", help="default 2048")
     serve.add_argument("--max-connections-per-ip", type=int, metavar="N", help="default 1024")
     add_security_options(serve)
+
+    promote = command(
+        "promote", "make a follower broker the leader, with a new leader epoch", _cmd_promote
+    )
+    promote.add_argument("--broker", required=True, metavar="HOST:PORT", help="the follower")
+    promote.add_argument(
+        "--unclean", action="store_true",
+        help="promote a follower outside the in-sync set: records only the old leader has "
+        "are lost (the answer says how many bytes, as last heard)",
+    )  # fmt: skip
+    promote.add_argument("--timeout-ms", type=_positive, default=10_000, metavar="MS")
 
     credentials = command("credentials", "manage the broker's SASL users", _cmd_credentials)
     add_credentials_options(credentials)
@@ -342,6 +354,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from mqstore.broker.serve import cmd_serve  # the broker's imports load only here
 
     return cmd_serve(args)
+
+
+def _cmd_promote(args: argparse.Namespace) -> int:
+    from mqstore.cli_promote import cmd_promote
+
+    return cmd_promote(args)
 
 
 # ---------------------------------------------------------------- main

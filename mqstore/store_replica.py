@@ -123,9 +123,21 @@ class ReplicaStore:
         self.commitlog.set_follower(True)
         self._put_topics.clear()  # put's fast path must not skip the refusal
 
+    def become_leader(self) -> None:
+        """Take local writes again (a promotion: the caller recorded a new epoch
+        first, mqstore.replication.epochs)."""
+        self._check_replica_open()
+        self.commitlog.set_follower(False)
+
     @property
     def is_follower(self) -> bool:
         return self.commitlog.is_follower
+
+    @property
+    def dispatched_position(self) -> int:
+        """Every record before this physical offset is readable (0: no dispatcher)."""
+        dispatcher = self._dispatcher
+        return 0 if dispatcher is None else dispatcher.position
 
     def append_replica(self, position: int, data: bytes | bytearray | memoryview) -> int:
         """Append bytes of the leader's CommitLog at physical ``position`` (see

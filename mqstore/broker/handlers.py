@@ -156,6 +156,14 @@ class Handlers:
         self.is_follower: Callable[[], bool] = lambda: False
         #: The leader's replication state (the Broker sets it): acks=all waits for its HW.
         self.replication: ReplicaLeader | None = None
+        #: (node id, host, port) of the partitions' leader (a follower names its
+        #: leader; None: not known yet), and its epoch. The Broker sets both.
+        self.leader_address: Callable[[], tuple[int, str, int] | None] = lambda: (
+            self.config.node_id,
+            self.config.advertised,
+            self.port,
+        )
+        self.leader_epoch: Callable[[], int] = lambda: 0
         self.admin = Admin(log_, config)
         # The admin APIs (mqstore.broker.admin), on the read threads like the rest.
         self.delete_topics = self.admin.delete_topics
@@ -191,16 +199,29 @@ class Handlers:
         else:
             names = [topic.name for topic in request.topics]
         allow = version < 4 or bool(request.allow_auto_topic_creation)
-        answered = [self._metadata_topic(name, topics, allow) for name in names]
-        broker = MetadataResponse.MetadataResponseBroker(
-            node_id=self.config.node_id, host=self.config.advertised, port=self.port, rack=None
-        )
+        leader = self.leader_address()
+        answered = [self._metadata_topic(name, topics, allow, leader) for name in names]
+        node = self.config.node_id
+        brokers = [
+            MetadataResponse.MetadataResponseBroker(
+                node_id=node, host=self.config.advertised, port=self.port, rack=None
+            )
+        ]
+        if leader is not None and leader[0] != node:  # a follower names its leader too
+            brokers.append(
+                MetadataResponse.MetadataResponseBroker(
+                    node_id=leader[0], host=leader[1], port=leader[2], rack=None
+                )
+            )
         return MetadataResponse(
-            version=version, throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID,
-            controller_id=self.config.node_id, topics=answered,
+            version=version, throttle_time_ms=0, brokers=brokers, cluster_id=CLUSTER_ID,
+            controller_id=node if leader is None else leader[0], topics=answered,
         )  # fmt: skip
 
-    def _metadata_topic(self, name: str, topics: dict[str, Any], allow_create: bool) -> Any:
+    def _metadata_topic(
+        self, name: str, topics: dict[str, Any], allow_create: bool,
+        leader: tuple[int, str, int] | None,
+    ) -> Any:  # fmt: skip
         config = topics.get(name)
         if config is None:
             try:
@@ -216,14 +237,16 @@ class Handlers:
                 )
             config = self._create(name, self.config.default_partitions, "CreateTime")
         node = self.config.node_id
+        leader_id = -1 if leader is None else leader[0]
+        replicas = [node] if leader_id in (node, -1) else [leader_id, node]
         partitions = [
             _MetadataPartition(
-                error_code=0,
+                error_code=ErrorCode.LEADER_NOT_AVAILABLE if leader is None else 0,
                 partition_index=index,
-                leader_id=node,
-                leader_epoch=0,
-                replica_nodes=[node],
-                isr_nodes=[node],
+                leader_id=leader_id,
+                leader_epoch=self.leader_epoch(),
+                replica_nodes=replicas,
+                isr_nodes=replicas,
                 offline_replicas=[],
             )
             for index in range(config.partitions)
@@ -241,9 +264,16 @@ class Handlers:
             return existing
 
     def find_coordinator(self, request: Any, version: int) -> Any:
+        leader = self.leader_address()  # the groups' coordinator is the leader
+        if leader is None:
+            return FindCoordinatorResponse(
+                version=version, throttle_time_ms=0,
+                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, error_message=None,
+                node_id=-1, host="", port=-1,
+            )  # fmt: skip
         return FindCoordinatorResponse(
             version=version, throttle_time_ms=0, error_code=0, error_message=None,
-            node_id=self.config.node_id, host=self.config.advertised, port=self.port,
+            node_id=leader[0], host=leader[1], port=leader[2],
         )  # fmt: skip
 
     def init_producer_id(self, request: Any, version: int) -> Any:

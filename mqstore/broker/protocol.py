@@ -110,6 +110,7 @@ class ErrorCode:
     OFFSET_OUT_OF_RANGE: Final = 1
     CORRUPT_MESSAGE: Final = 2
     UNKNOWN_TOPIC_OR_PARTITION: Final = 3
+    LEADER_NOT_AVAILABLE: Final = 5
     NOT_LEADER_OR_FOLLOWER: Final = 6
     REQUEST_TIMED_OUT: Final = 7
     MESSAGE_TOO_LARGE: Final = 10

@@ -39,7 +39,7 @@ def serve(
     config: BrokerConfig | None = None,
     on_listening: Callable[[Broker], None] | None = None,
     follow: str | None = None,
-    replica_id: int = 1,
+    replica_id: int | None = None,
     replication: ReplicationConfig | None = None,
 ) -> None:
     """Serve ``engine`` over Kafka's protocol until SIGTERM or SIGINT (main thread
@@ -50,7 +50,10 @@ def serve(
         follow: ``HOST:PORT`` of a leader broker: the engine (a CommitLog store)
             becomes its follower, copying the leader's CommitLog from its own end
             (mqstore.replication) and refusing writes with NOT_LEADER_OR_FOLLOWER.
-        replica_id: this follower's id in its requests to the leader.
+            Without it, a store demoted earlier follows the leader it recorded;
+            any other starts leading with a new leader epoch.
+        replica_id: this node's id (Metadata's node id, and its replica id in its
+            requests to a leader); None: ``config.node_id``.
         replication: as a leader, which followers count for the high watermark and
             acks=all, min.insync.replicas and replica.lag.time.max.ms.
 
@@ -61,19 +64,22 @@ def serve(
     import attrs
 
     config = attrs.evolve(config or BrokerConfig(), host=host, port=port)
-    fetcher = start_following(engine, follow, replica_id) if follow is not None else None
+    if replica_id is not None:
+        if replica_id < 0:
+            raise ConfigError(f"replica id {replica_id} must be >= 0")
+        config = attrs.evolve(config, node_id=replica_id)
+    if follow is not None:
+        parse_listen(follow)  # a bad address fails before the broker starts
     stop = threading.Event()
     previous = {number: signal.signal(number, lambda *_: stop.set()) for number in STOP_SIGNALS}
     try:
-        with Broker(engine, config, replication=replication) as broker:
+        with Broker(engine, config, replication=replication, follow=follow) as broker:
             if on_listening is not None:
                 on_listening(broker)
             while not stop.wait(1.0):
                 pass
             log.info("stopping: draining connections")
     finally:
-        if fetcher is not None:
-            fetcher.stop()
         for number, handler in previous.items():
             signal.signal(number, handler)
 
@@ -145,8 +151,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def listening(broker: Broker) -> None:
         # One line on stdout, so a script (or a test) learns the port when it asked for 0.
         print(f"mqstore: serving {args.store} on {broker.bootstrap}", flush=True)
-        if args.follow:
-            print(f"mqstore: following {args.follow}", flush=True)
+        node = broker.node
+        if node is not None and node.fetcher is not None:
+            print(f"mqstore: following {node.fetcher.host}:{node.fetcher.port}", flush=True)
+        elif node is not None:
+            print(f"mqstore: leading at epoch {node.epoch}", flush=True)
         if broker.metrics_server is not None:
             server = broker.metrics_server
             print(f"mqstore: metrics on http://{server.host}:{server.port}/metrics", flush=True)
@@ -164,6 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with open_store(args, write=True) as store:
         serve(
             store, host, port, config=config, on_listening=listening, follow=args.follow,
-            replica_id=args.replica_id, replication=replication,
+            replica_id=(1 if args.follow else 0) if args.replica_id is None else args.replica_id,
+            replication=replication,
         )  # fmt: skip
     return 0

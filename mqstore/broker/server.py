@@ -54,7 +54,7 @@ import threading
 import time
 from collections import Counter
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.credentials import CredentialStore
@@ -77,12 +77,19 @@ from mqstore.broker.protocol import (
 )
 from mqstore.broker.sasl import SASL_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE, Authenticator
 from mqstore.broker.zero_copy import ZERO_COPY_VERSIONS, SegmentLog, ZeroCopyResponse, encode_fetch
-from mqstore.commitlog.errors import StoreError
+from mqstore.commitlog.errors import ConfigError, StoreError
 from mqstore.engine import Engine
-from mqstore.replication.leader import ReplicaLeader, ReplicaSource, ReplicationConfig
+from mqstore.replication.leader import ReplicationConfig
+from mqstore.replication.node import ReplicaNode
 from mqstore.replication.protocol import (
+    LEADER_CHANGE_API_KEY,
+    PROMOTE_API_KEY,
     REPLICA_FETCH_API_KEY,
     ReplicationProtocolError,
+    decode_leader_change,
+    decode_promote,
+    encode_control_response,
+    encode_promote_response,
 )
 from mqstore.replication.protocol import decode_request as decode_replica_fetch
 from mqstore.replication.protocol import encode_response as encode_replica_fetch
@@ -111,6 +118,7 @@ _Response = bytes | ZeroCopyResponse | None
 #: A follower's ReplicaFetch waits in slices this long, so a stop is prompt.
 LONG_POLL_SLICE_MS: Final = 500
 REPLICA_THREADS: Final = 8  # followers served at once; more wait for a thread
+PRIVATE_APIS: Final = frozenset((REPLICA_FETCH_API_KEY, PROMOTE_API_KEY, LEADER_CHANGE_API_KEY))
 PEER_CLOSED: Final = b""
 
 
@@ -125,10 +133,13 @@ class Broker:
         *,
         log_: PartitionLog | None = None,
         replication: ReplicationConfig | None = None,
+        follow: str | None = None,
     ) -> None:
         """``replication``: the leader's settings for its followers (which count for
         the HW, min.insync.replicas, replica.lag.time.max.ms); None: the defaults, no
-        follower counts and acks=all waits for nobody but this broker."""
+        follower counts and acks=all waits for nobody but this broker. ``follow``:
+        ``HOST:PORT`` of a leader this engine follows (mqstore.replication.node; a
+        store recorded as a follower at its demotion follows its leader anyway)."""
         self.engine = engine
         self.config = config or BrokerConfig()
         self.log = log_ or (
@@ -173,11 +184,15 @@ class Broker:
         self._sasl_secret = secrets.token_bytes(32)  # unknown users' fake SCRAM salts
         # Followers copy this engine's CommitLog through ReplicaFetch (a private api
         # key, never advertised): CommitLog engines only (mqstore.replication).
-        self.replicas = (
-            ReplicaLeader(cast(ReplicaSource, engine), replication)
+        if follow is not None and not hasattr(engine, "append_replica"):
+            raise ConfigError("--follow needs the commitlog engine (one CommitLog to copy)")
+        self._follow = follow
+        self.node = (
+            ReplicaNode(engine, replication, node_id=self.config.node_id)
             if hasattr(engine, "append_replica")
             else None
         )
+        self.replicas = None if self.node is None else self.node.leader
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -217,8 +232,8 @@ class Broker:
             pool.shutdown(wait=True, cancel_futures=True)
         if self.handlers is not None:
             self.handlers.close()  # the producers' journal, compacted
-        if self.replicas is not None:
-            self.replicas.close()  # readers of the store see its whole log again
+        if self.node is not None:
+            self.node.close()  # readers of the store see its whole log again
 
     def __enter__(self) -> Broker:
         return self.start()
@@ -248,12 +263,18 @@ class Broker:
                 self.metrics, self.config.metrics_host, self.config.metrics_port
             )
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.node is not None:  # its role (a leader's new epoch) before any request
+            self.node.start(self.config.advertised, self.port, self._follow)
         self.handlers = Handlers(
             self.log, self.engine.offsets, self.config, self.port,
             state_directory=getattr(self.engine, "root", None),
         )  # fmt: skip
         self.handlers.is_follower = lambda: bool(getattr(self.engine, "is_follower", False))
         self.handlers.replication = self.replicas
+        if self.node is not None:
+            node = self.node
+            self.handlers.leader_address = lambda: node.leader_address
+            self.handlers.leader_epoch = lambda: node.epoch
         self.groups = GroupCoordinator(self.config, self.engine.offsets, self._read_pool)
         self._long_polls = LongPolls(self.log, self._loop)
         expiry = asyncio.create_task(self.groups.expire_loop())
@@ -509,8 +530,8 @@ class Broker:
         if auth is not None and auth.raw_tokens and not auth.done:
             return await self._raw_token(auth, payload, client)
         head = peek(payload)
-        if head.api_key == REPLICA_FETCH_API_KEY and self.replicas is not None:
-            return await self._replica_fetch(payload)
+        if head.api_key in PRIVATE_APIS and self.node is not None:
+            return await self._private(head.api_key, payload)
         api = served(head)
         if api is None and auth is not None and head.api_key in SASL_APIS:
             api = SASL_APIS[head.api_key]
@@ -658,11 +679,30 @@ class Broker:
             future.add_done_callback(_release_pass)
             raise
 
-    async def _replica_fetch(self, payload: bytes) -> bytes:
+    async def _private(self, api_key: int, payload: bytes) -> bytes:
+        """Replication's private APIs (mqstore.replication.protocol); a frame that
+        does not decode closes the connection."""
+        node = self.node
+        assert node is not None
+        if api_key == REPLICA_FETCH_API_KEY:
+            return await self._replica_fetch(node, payload)
+        loop = asyncio.get_running_loop()
+        try:
+            if api_key == PROMOTE_API_KEY:
+                correlation_id, unclean = decode_promote(payload)
+                error, epoch, message = await loop.run_in_executor(
+                    self._replica_pool, node.promote, unclean
+                )
+                return encode_promote_response(error, epoch, message, correlation_id)
+            correlation_id, change = decode_leader_change(payload)
+        except ReplicationProtocolError as error_:
+            raise MalformedRequestError(str(error_)) from None
+        error, epoch = await loop.run_in_executor(self._replica_pool, node.leader_change, change)
+        return encode_control_response(error, epoch, correlation_id)
+
+    async def _replica_fetch(self, node: ReplicaNode, payload: bytes) -> bytes:
         """A follower's ReplicaFetch: long-polled in slices (so a stop is prompt) on
         the wait threads, answered in mqstore.replication.leader."""
-        replicas = self.replicas
-        assert replicas is not None
         try:
             correlation_id, request = decode_replica_fetch(payload)
         except ReplicationProtocolError as error:
@@ -675,11 +715,16 @@ class Broker:
             stopping = self._stopping is not None and self._stopping.is_set()
             wait_ms = 0 if stopping else min(left_ms, LONG_POLL_SLICE_MS)
             response = await loop.run_in_executor(
-                self._replica_pool, replicas.answer, request._replace(max_wait_ms=wait_ms), True,
-                first,
+                self._replica_pool, node.answer_fetch, request._replace(max_wait_ms=wait_ms),
+                True, first,
             )  # fmt: skip
             first = False
-            if response.data or response.error_code or response.topics is not None:
+            if (
+                response.data
+                or response.error_code
+                or response.topics is not None
+                or response.diverging_end >= 0
+            ):
                 break
             if stopping or left_ms == 0:
                 break

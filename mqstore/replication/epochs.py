@@ -8,9 +8,14 @@ an epoch that wrote nothing before the next began.
 
 Rules (every one a test in tests/mqstore/replication/test_epochs.py):
 
-- **A new leader** takes ``current_epoch + 1`` and records (epoch, its log end)
-  durably *before* it accepts a write (Kafka PR #5678's monotonic rule), so an epoch
-  number is never reused, even by a leader that wrote nothing in it and restarted.
+- **A new leader** takes the next epoch of its own past every one it has seen
+  (``next_epoch``: epochs are ``k * EPOCH_NODES + node id``, so two nodes that
+  start leading from the same knowledge, say an old leader restarted while its
+  follower was promoted, never take the same number; the larger wins) and records
+  (epoch, its log end) durably *before* it accepts a write (Kafka PR #5678's
+  monotonic rule), so an epoch number is never reused, even by a leader that wrote
+  nothing in it and restarted. Kafka's controller hands out epochs; without one
+  (issue 18: no home-made consensus) the node id in the epoch keeps them unique.
 - **A follower** records the epoch of the bytes it copies (the leader sends it with
   every chunk, chunks never span two epochs) durably before the bytes land.
 - ``end_offset_for(epoch, log_end)`` is Kafka's OffsetsForLeaderEpoch answer: the
@@ -54,13 +59,23 @@ from typing import Any, Final, NamedTuple
 from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.commitlog.errors import CorruptDataError, IllegalStateError, InvalidArgumentError
 
-__all__ = ["EPOCH_FILE", "EpochEntry", "LeaderEpochs", "UNDEFINED"]
+__all__ = ["EPOCH_FILE", "EPOCH_NODES", "UNDEFINED", "EpochEntry", "LeaderEpochs", "next_epoch"]
 
 EPOCH_FILE: Final = "leader-epoch-checkpoint"
 FORMAT: Final = "mqstore-leader-epochs"
 VERSION: Final = 1
 #: Kafka's UNDEFINED_EPOCH and UNDEFINED_EPOCH_OFFSET.
 UNDEFINED: Final = -1
+#: Node ids a replicated node may have: 0 .. EPOCH_NODES - 1 (see next_epoch).
+EPOCH_NODES: Final = 1024
+
+
+def next_epoch(current: int, node_id: int) -> int:
+    """The epoch a node starting to lead takes: past ``current``, and its own."""
+    assert 0 <= node_id < EPOCH_NODES
+    return (current // EPOCH_NODES + 1) * EPOCH_NODES + node_id
+
+
 ROLES: Final = ("leader", "follower")
 
 
@@ -148,11 +163,11 @@ class LeaderEpochs:
 
     # ------------------------------------------------------------------ changes
 
-    def begin_leadership(self, log_end: int) -> int:
-        """This node leads from now on: a new epoch past every one it has seen,
-        starting at ``log_end``, made durable before the caller takes a write."""
+    def begin_leadership(self, log_end: int, node_id: int) -> int:
+        """This node leads from now on: a new epoch of its own past every one it has
+        seen, starting at ``log_end``, made durable before the caller takes a write."""
         with self._lock:
-            epoch = self._current_epoch + 1
+            epoch = next_epoch(self._current_epoch, node_id)
             self._append(EpochEntry(epoch, log_end))
             self._current_epoch = epoch
             self._role, self._leader = "leader", None

@@ -14,6 +14,17 @@ retried the same way: nothing is written from a refused chunk, and the next requ
 asks again from the same end. Nothing here raises out of the thread; ``last_error``
 says what went wrong last.
 
+Leader epochs (mqstore.replication.epochs): every request carries the epoch of the
+store's last records; a leader whose log is not a superset answers with the point of
+divergence, and the store truncates there durably (``truncate_replica``) before the
+next fetch (KIP-279's loop: ask again until the epochs agree). A chunk's epoch is
+recorded before its bytes land. FENCED_LEADER_EPOCH (this fetcher named an older
+epoch) adopts the leader's and asks again at once.
+
+Follower reads up to the HW: ``commit_limit`` is what the store's dispatcher may
+expose, the leader's HW as last heard, clamped to the store's end, and never below
+what was exposed when the fetcher started.
+
 Crash policy: the fetcher keeps no state of its own. After a crash the store
 recovers its CommitLog to the last whole record and the fetcher resumes from there.
 """
@@ -23,10 +34,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import zlib
 from typing import Any, Final
 
 from mqstore.commitlog.errors import StoreError
+from mqstore.replication.epochs import UNDEFINED
 from mqstore.replication.protocol import (
     FRAME_SIZE,
     REPLICA_FETCH_BYTES_DEFAULT,
@@ -48,6 +61,8 @@ RESPONSE_GRACE_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
 #: The largest response frame accepted: max_bytes plus one record (4 MiB) and topics.
 RESPONSE_BYTES_SLACK: Final = 16 << 20
+#: Kafka's codes the fetcher acts on.
+FENCED_LEADER_EPOCH: Final = 74
 
 
 class ReplicaFetcher:
@@ -76,6 +91,17 @@ class ReplicaFetcher:
         self.backoff_ms_max = backoff_ms_max
         self.leader_log_end = -1  # the leader's end in its last response
         self.high_watermark = -1
+        self.leader_epoch = UNDEFINED  # the leader's epoch in its last response
+        self.leader_node_id = -1
+        self.truncations = 0
+        self.bytes_truncated = 0
+        #: Monotonic times: the last good response, and the last one after which this
+        #: store held the leader's end as of the response before (Kafka's
+        #: lastCaughtUpTimeMs, seen from the follower); -inf: never.
+        self.last_contact_s = -float("inf")
+        self.caught_up_s = -float("inf")
+        self._previous_leader_end = -1
+        self._exposed = int(getattr(store, "dispatched_position", 0))
         self.bytes_copied = 0
         self.last_error: str | None = None
         self.connects = 0
@@ -103,6 +129,27 @@ class ReplicaFetcher:
     def caught_up(self) -> bool:
         """Whether the store's end was the leader's at the last response."""
         return self.leader_log_end == self.store.commitlog.write_position
+
+    def in_sync(self, lag_time_max_ms: int) -> bool:
+        """Whether this follower was in the leader's in-sync set as far as it knows:
+        it holds the last HW it heard, and it had caught up within
+        ``lag_time_max_ms`` before its last contact with the leader."""
+        end = self.store.commitlog.write_position
+        return (
+            self.last_contact_s > -float("inf")
+            and end >= self.high_watermark
+            and self.last_contact_s - self.caught_up_s <= lag_time_max_ms / 1000
+        )
+
+    def commit_limit(self) -> int:
+        """What the follower's readers may see: up to the leader's HW as last heard
+        (a record boundary of this log once clamped to its end), never less than
+        what was exposed before."""
+        end = self.store.commitlog.write_position
+        limit = min(self.high_watermark, end)
+        if limit > self._exposed:
+            self._exposed = limit
+        return min(self._exposed, end)
 
     def _run(self) -> None:
         backoff_ms = self.backoff_ms_min
@@ -142,7 +189,8 @@ class ReplicaFetcher:
             raise ConnectionError("not connected")
         position = self.store.commitlog.write_position
         request = ReplicaFetchRequest(
-            replica_id=self.replica_id, leader_epoch=-1, log_end=position,
+            replica_id=self.replica_id, leader_epoch=self.leader_epoch,
+            last_fetched_epoch=self.store.epochs.latest_epoch, log_end=position,
             max_bytes=self.max_bytes, max_wait_ms=FETCH_WAIT_MS, topics_crc=self._topics_crc,
         )  # fmt: skip
         self._correlation_id = (self._correlation_id + 1) & 0x7FFF_FFFF
@@ -155,6 +203,12 @@ class ReplicaFetcher:
         self._apply(position, response)
 
     def _apply(self, position: int, response: ReplicaFetchResponse) -> None:
+        store = self.store
+        if response.error_code == FENCED_LEADER_EPOCH:
+            log.info("the leader is at epoch %d (this follower knew %d)",
+                     response.leader_epoch, self.leader_epoch)  # fmt: skip
+            self._adopt_epoch(response)
+            return  # asks again at once, with the leader's epoch
         if response.error_code:
             raise ReplicationProtocolError(
                 f"the leader answered error {response.error_code} at {position} "
@@ -162,15 +216,53 @@ class ReplicaFetcher:
             )
         if response.position != position:
             raise ReplicationProtocolError(f"data for {response.position}, asked for {position}")
+        self._adopt_epoch(response)
+        if response.diverging_epoch != UNDEFINED or response.diverging_end != UNDEFINED:
+            self._truncate(position, response)
+            return
         if response.topics is not None:
-            self.store.apply_replica_topics(response.topics)
+            store.apply_replica_topics(response.topics)
             self._topics_crc = zlib.crc32(response.topics)
         if response.data:
-            self.store.append_replica(position, response.data)
+            store.epochs.learn(response.data_epoch, response.data_epoch_start)
+            store.append_replica(position, response.data)
             self.bytes_copied += len(response.data)
+        now = time.monotonic()
+        end = store.commitlog.write_position
+        if end >= response.log_end or 0 <= self._previous_leader_end <= position:
+            self.caught_up_s = now
+        self.last_contact_s = now
+        self._previous_leader_end = response.log_end
         self.leader_log_end = response.log_end
         self.high_watermark = response.high_watermark
         self.last_error = None
+
+    def _adopt_epoch(self, response: ReplicaFetchResponse) -> None:
+        self.leader_epoch = response.leader_epoch
+        self.leader_node_id = response.leader_node_id
+        self.store.epochs.see_epoch(response.leader_epoch)
+
+    def _truncate(self, position: int, response: ReplicaFetchResponse) -> None:
+        """The leader says this log diverged: cut it where KIP-279 says (the smaller
+        of the leader's and this log's end for the largest common epoch)."""
+        store = self.store
+        epoch, leader_end = response.diverging_epoch, response.diverging_end
+        if epoch == UNDEFINED or leader_end < 0:
+            raise ReplicationProtocolError(
+                f"the leader shares no epoch with this log (its answer: {epoch}, {leader_end})"
+            )
+        own_epoch, own_end = store.epochs.end_offset_for(epoch, position)
+        target = leader_end if own_epoch == UNDEFINED else min(leader_end, own_end)
+        target = min(target, position)
+        log.warning(
+            "diverged from the leader (epoch %d ends at %d there, %d here): truncating %d -> %d",
+            epoch, leader_end, own_end, position, target,
+        )  # fmt: skip
+        cut = store.truncate_replica(target)
+        self._exposed = min(self._exposed, target)
+        self.high_watermark = -1  # a new HW comes with the next response
+        self.truncations += 1
+        self.bytes_truncated += cut
 
     def _read_frame(self, connection: socket.socket) -> bytearray:
         (size,) = FRAME_SIZE.unpack(_read_exactly(connection, FRAME_SIZE.size))

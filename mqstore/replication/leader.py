@@ -47,6 +47,7 @@ from mqstore.commitlog.header_scan import (
     dispatch_columns,
     new_columns,
 )
+from mqstore.replication.epochs import UNDEFINED, LeaderEpochs
 from mqstore.replication.protocol import ReplicaFetchRequest, ReplicaFetchResponse
 
 __all__ = ["FollowerState", "ReplicaLeader", "ReplicaSource", "ReplicationConfig", "read_chunk"]
@@ -58,11 +59,12 @@ SCAN_ROWS: Final = 4096
 #: Kafka's error codes this side answers.
 NONE: Final = 0
 OFFSET_OUT_OF_RANGE: Final = 1
+NOT_LEADER_OR_FOLLOWER: Final = 6
 KAFKA_STORAGE_ERROR: Final = 56
+FENCED_LEADER_EPOCH: Final = 74
+UNKNOWN_LEADER_EPOCH: Final = 76
 #: Replicas tracked at most: a client inventing replica ids cannot grow the table.
 REPLICAS_MAX: Final = 64
-#: The leader's epoch until epochs are built (docs/REPLICATION.md).
-LEADER_EPOCH: Final = 0
 
 
 #: How often a waiter for the HW re-checks the in-sync set (a follower may leave it
@@ -102,6 +104,12 @@ class ReplicaSource(Protocol):
     """What the leader needs of its store (MessageStore with mqstore.store_replica)."""
 
     commitlog: Any
+
+    @property
+    def epochs(self) -> LeaderEpochs: ...
+
+    @property
+    def is_follower(self) -> bool: ...
 
     @property
     def replicable_end(self) -> int: ...
@@ -184,18 +192,37 @@ def read_chunk(
 class ReplicaLeader:
     """Answers ReplicaFetch requests for one store and remembers each follower's LEO."""
 
-    def __init__(self, source: ReplicaSource, config: ReplicationConfig | None = None) -> None:
+    def __init__(
+        self, source: ReplicaSource, config: ReplicationConfig | None = None, node_id: int = 0
+    ) -> None:
         self.source = source
         self.config = config or ReplicationConfig()
+        self.node_id = node_id
         self._changed = threading.Condition()  # a follower's LEO moved
         self._followers: dict[int, FollowerState] = {}
-        self._high_watermark = 0  # never moves back (Kafka's leader HW)
-        if self.configured:  # readers see only what the in-sync set holds
-            source.set_commit_limit(self.high_watermark)
+        self._high_watermark = 0  # never moves back while this node leads (Kafka's HW)
+        self.active = False
+        #: Called with a newer epoch a follower named: this node is a stale leader.
+        self.on_newer_epoch: Any = None
+
+    def activate(self, high_watermark: int = 0) -> None:
+        """Lead: answer followers, and (with followers configured) let readers see
+        only what the in-sync set holds. ``high_watermark``: where a promoted
+        follower's HW stood (it never moves back)."""
+        with self._changed:
+            self._followers.clear()
+            self._high_watermark = max(0, high_watermark)
+            self.active = True
+        if self.configured:
+            self.source.set_commit_limit(self.high_watermark)
 
     def close(self) -> None:
-        """Lift the commit limit (the broker stops; the store may live on)."""
-        if self.configured:
+        """Stop leading; lift the commit limit (the broker stops, or the node became
+        a follower; the store may live on)."""
+        with self._changed:
+            was_active, self.active = self.active, False
+            self._changed.notify_all()
+        if was_active and self.configured:
             self.source.set_commit_limit(None)
 
     @property
@@ -252,7 +279,22 @@ class ReplicaLeader:
         False: a later slice of a long poll already recorded (the follower's LEO and
         catch-up time count once per request, as Kafka's lag clock does)."""
         source = self.source
+        epochs = source.epochs
+        epoch = epochs.current_epoch
         topics, end = self._snapshot(request)
+        if not self.active or source.is_follower:
+            return self._response(NOT_LEADER_OR_FOLLOWER, request, end, None, b"")
+        if request.leader_epoch > epoch:  # a newer leader exists: this one is stale
+            log.warning("replica %d names epoch %d > %d: fenced", request.replica_id,
+                        request.leader_epoch, epoch)  # fmt: skip
+            if self.on_newer_epoch is not None:
+                self.on_newer_epoch(request.leader_epoch)
+            return self._response(UNKNOWN_LEADER_EPOCH, request, end, None, b"")
+        if 0 <= request.leader_epoch < epoch:  # the follower learns the epoch, asks again
+            return self._response(FENCED_LEADER_EPOCH, request, end, None, b"")
+        diverging = self._diverging(request)
+        if diverging is not None:
+            return self._response(NONE, request, end, None, b"", diverging=diverging)
         if not source.commitlog.min_position <= request.log_end <= end:
             log.warning(
                 "replica %d claims log end %d outside [%d, %d]: refused",
@@ -264,6 +306,9 @@ class ReplicaLeader:
         if wait and request.log_end == end and request.max_wait_ms > 0:
             source.wait_for_position(request.log_end, request.max_wait_ms)
             topics, end = self._snapshot(request)
+        next_epoch_start = epochs.next_start_after(request.log_end)
+        if next_epoch_start is not None:
+            end = min(end, next_epoch_start)  # one epoch per chunk
         try:
             data = read_chunk(source, request.log_end, request.max_bytes, end)
         except OffsetOutOfRangeError:
@@ -273,6 +318,18 @@ class ReplicaLeader:
             return self._response(KAFKA_STORAGE_ERROR, request, end, topics, b"")
         self._sent(request.replica_id, end)
         return self._response(NONE, request, end, topics, data)
+
+    def _diverging(self, request: ReplicaFetchRequest) -> tuple[int, int] | None:
+        """KIP-595's check: (the largest epoch <= the follower's last, where it ends
+        here) when the follower's log is not a prefix of this one; else None."""
+        if request.last_fetched_epoch == UNDEFINED:
+            return None
+        epoch, end = self.source.epochs.end_offset_for(
+            request.last_fetched_epoch, self.source.commitlog.write_position
+        )
+        if epoch == request.last_fetched_epoch and end >= request.log_end:
+            return None
+        return epoch, end
 
     def _snapshot(self, request: ReplicaFetchRequest) -> tuple[bytes | None, int]:
         """(the topic registry if the follower's differs, else None; the replicable
@@ -311,10 +368,15 @@ class ReplicaLeader:
 
     def _response(
         self, error: int, request: ReplicaFetchRequest, end: int, topics: bytes | None,
-        data: bytes,
+        data: bytes, diverging: tuple[int, int] = (UNDEFINED, UNDEFINED),
     ) -> ReplicaFetchResponse:  # fmt: skip
+        epochs = self.source.epochs
         high_watermark = min(self.high_watermark(), end)
+        data_epoch = epochs.epoch_at(request.log_end)
         return ReplicaFetchResponse(
-            error_code=error, leader_epoch=LEADER_EPOCH, high_watermark=high_watermark,
-            log_end=end, position=request.log_end, topics=topics, data=data,
+            error_code=error, leader_epoch=epochs.current_epoch, leader_node_id=self.node_id,
+            high_watermark=high_watermark, log_end=end, position=request.log_end,
+            diverging_epoch=diverging[0], diverging_end=diverging[1],
+            data_epoch=data_epoch.epoch, data_epoch_start=data_epoch.start, topics=topics,
+            data=data,
         )  # fmt: skip

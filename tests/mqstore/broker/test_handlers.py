@@ -385,9 +385,9 @@ def test_a_follower_refuses_every_write_with_not_leader(tmp_path: Any) -> None:
 
     store = open_engine("commitlog", tmp_path / "store")
     store.create_topic("kept", partitions=1)
-    store.become_follower()
-    try:
-        with Broker(store, BrokerConfig(port=0)) as broker:
+    try:  # a follower of a leader that is not there: the node makes the store one
+        with Broker(store, BrokerConfig(port=0), follow="127.0.0.1:1") as broker:
+            assert store.is_follower
             port = broker.port
             frame = produce_frame("kept", idempotent_batch(-1, -1, 2), 1, acks=1)
             assert produce_answer(port, frame).error_code == 6  # NOT_LEADER_OR_FOLLOWER

@@ -21,6 +21,8 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from mqstore.commitlog.errors import StoreError  # noqa: E402
+
 FILE_BYTES = 1 << 20  # 1 MiB CommitLog files: the copy crosses many rolls
 START_S = 60.0
 CATCH_UP_S = 60.0
@@ -97,14 +99,25 @@ def _watermarks(bootstrap: str) -> list[int]:
         consumer.close()
 
 
+def _store_marks(store: Any) -> list[int]:
+    """The end offset of each partition, read from the store's own files (a client
+    bootstrapped at a follower is sent to the leader for everything)."""
+    from mqstore import MessageStore
+
+    try:
+        with MessageStore.open(store, read_only=True) as reader:
+            if reader.topics.get(TOPIC) is None:
+                return []
+            return [reader.max_offset(TOPIC, p) for p in range(PARTITIONS)]
+    except StoreError:
+        return []  # a file changed under the reader: ask again
+
+
 def _wait_caught_up(leader: Node, follower: Node, expected: int) -> None:
     deadline = time.monotonic() + CATCH_UP_S
     marks: list[int] = []
     while time.monotonic() < deadline:
-        try:
-            marks = _watermarks(follower.bootstrap)
-        except confluent_kafka.KafkaException:
-            marks = []  # the topic has not reached the follower yet
+        marks = _store_marks(follower.store)
         if sum(marks) == expected:
             assert marks == _watermarks(leader.bootstrap)
             return
@@ -157,7 +170,22 @@ def _assert_identical(leader: Node, follower: Node) -> None:
         assert mine[name] == theirs[name], name
 
 
-def test_a_follower_serves_what_the_leader_took_and_refuses_writes(tmp_path, nodes):
+def _read_store(store: Any) -> dict[int, list[tuple[int, bytes, bytes]]]:
+    """Every record of TOPIC through the embedded read-only API."""
+    from mqstore import MessageStore
+
+    records: dict[int, list[tuple[int, bytes, bytes]]] = {}
+    with MessageStore.open(store, read_only=True) as reader:
+        for partition in range(PARTITIONS):
+            records[partition] = []
+            while got := reader.get(TOPIC, partition, len(records[partition]), 10_000):
+                records[partition] += [
+                    (m.queue_offset, m.keys[0].encode(), bytes(m.value)) for m in got
+                ]
+    return records
+
+
+def test_a_follower_serves_what_the_leader_took_and_sends_writers_to_it(tmp_path, nodes):
     leader = Node(tmp_path / "leader")
     nodes.append(leader)
     follower = Node(tmp_path / "follower", "--follow", leader.bootstrap)
@@ -165,24 +193,29 @@ def test_a_follower_serves_what_the_leader_took_and_refuses_writes(tmp_path, nod
     _create_topic(leader.bootstrap)
     _produce(leader.bootstrap, 0, 12_000)  # ~3 MiB: several 1 MiB files
     _wait_caught_up(leader, follower, 12_000)
-    assert _consume_all(follower.bootstrap, 12_000) == _consume_all(leader.bootstrap, 12_000)
+    by_wire = _consume_all(leader.bootstrap, 12_000)
+    assert _read_store(follower.store) == by_wire  # the follower's own reads
 
-    from kafka import KafkaProducer
-    from kafka.errors import NotLeaderForPartitionError
+    from kafka import KafkaAdminClient, KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=follower.bootstrap, retries=0)
-    with pytest.raises(NotLeaderForPartitionError) as refused:
-        producer.send(TOPIC, b"to the follower", partition=0).get(timeout=30)
-    assert refused.value.errno == 6  # NOT_LEADER_OR_FOLLOWER
+    # The follower's Metadata names the leader (node 0 at its address): a client that
+    # only knows the follower finds the leader and writes there.
+    admin = KafkaAdminClient(bootstrap_servers=follower.bootstrap)
+    try:
+        cluster = admin.describe_cluster()
+        topic = admin.describe_topics([TOPIC])[0]
+    finally:
+        admin.close()
+    leader_port = int(leader.bootstrap.rpartition(":")[2])
+    assert {(b["broker_id"], b["port"]) for b in cluster["brokers"]} >= {(0, leader_port)}
+    assert {p["leader_id"] for p in topic["partitions"]} == {0}
+    producer = KafkaProducer(bootstrap_servers=follower.bootstrap)
+    sent = producer.send(TOPIC, b"via the follower", key=b"via", partition=0).get(timeout=30)
     producer.close(timeout=5)
-    # librdkafka retries NOT_LEADER_OR_FOLLOWER until message.timeout.ms: the record
-    # is never taken, and the follower's log stays the leader's copy.
-    failures: list[Any] = []
-    rd_producer = Producer({"bootstrap.servers": follower.bootstrap, "message.timeout.ms": 2000})
-    rd_producer.produce(TOPIC, b"x", partition=1, on_delivery=lambda e, _: failures.append(e))
-    rd_producer.flush(20)
-    assert [f.code() for f in failures] == [confluent_kafka.KafkaError._MSG_TIMED_OUT]
-    assert _watermarks(follower.bootstrap) == _watermarks(leader.bootstrap)
+    assert sent.offset == len(by_wire[0])
+    _wait_caught_up(leader, follower, 12_001)
+    assert _read_store(follower.store)[0][-1] == (sent.offset, b"via", b"via the follower")
+    assert _store_marks(follower.store) == _watermarks(leader.bootstrap)
     follower.stop()
     leader.stop()
     assert follower.process.returncode == 0

@@ -48,7 +48,7 @@ def broker(store: MessageStore) -> Iterator[Broker]:
 
 
 def _request(log_end: int, max_bytes: int = 1 << 20, wait_ms: int = 0, crc: int = 0) -> Any:
-    return ReplicaFetchRequest(7, -1, log_end, max_bytes, wait_ms, crc)
+    return ReplicaFetchRequest(7, -1, -1, log_end, max_bytes, wait_ms, crc)
 
 
 def _ask(broker: Broker, request: ReplicaFetchRequest) -> ReplicaFetchResponse:
@@ -236,7 +236,7 @@ def test_a_lagging_follower_leaves_the_set_and_the_hw_moves_on(tmp_path, store):
 
 
 def _ask_as(broker: Broker, replica_id: int, log_end: int) -> ReplicaFetchResponse:
-    return _ask(broker, ReplicaFetchRequest(replica_id, -1, log_end, 1 << 20, 0, 0))
+    return _ask(broker, ReplicaFetchRequest(replica_id, -1, -1, log_end, 1 << 20, 0, 0))
 
 
 def _eventually(check: Any, timeout_s: float = 10.0) -> None:

@@ -1,0 +1,244 @@
+"""Failover (mqstore/replication/node.py) with real ``mqstore serve`` processes, real
+kills and real clients: a promoted follower leads with a new epoch, the old leader
+learns it, follows and truncates its divergent tail, and every acknowledged record
+survives; promotion out of the in-sync set is refused unless unclean; fast leader
+changes back and forth leave both logs equal to what was acknowledged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from mqstore import MessageStore, StoreConfig
+from mqstore.broker import Broker, BrokerConfig
+from mqstore.replication.epochs import EPOCH_NODES
+from mqstore.replication.leader import ReplicationConfig
+from mqstore.replication.node import INELIGIBLE_REPLICA, ReplicaNode
+
+from .test_fetcher import (
+    CATCH_UP_S,
+    FILE_BYTES,
+    PARTITIONS,
+    TOPIC,
+    Node,
+    _assert_identical,
+    _create_topic,
+    _log_end,
+    _read_store,
+    nodes,  # noqa: F401 - the fixture
+)
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Producer  # noqa: E402
+
+REPLICATION = ("--min-insync-replicas", "2", "--replica-lag-time-max-ms", "2000")
+
+
+def _node_a(tmp_path: Any, port: int = 0, *extra: str) -> Node:
+    return Node(
+        tmp_path / "a", "--replica-id", "0", "--replica-ids", "1", *REPLICATION, *extra,
+        listen=f"127.0.0.1:{port}",
+    )  # fmt: skip
+
+
+def _node_b(tmp_path: Any, leader: str, port: int = 0) -> Node:
+    return Node(
+        tmp_path / "b", "--follow", leader, "--replica-id", "1", "--replica-ids", "0",
+        *REPLICATION, listen=f"127.0.0.1:{port}",
+    )  # fmt: skip
+
+
+def _port(node: Node) -> int:
+    return int(node.bootstrap.rpartition(":")[2])
+
+
+def _promote(node: Node, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mqstore", "promote", "--broker", node.bootstrap, *extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _send(
+    bootstrap: str, values: list[bytes], acks: str = "all", pad: int = 0
+) -> dict[bytes, tuple[int, int]]:
+    """Produce ``values`` (key = value, ``pad`` zeros after the value);
+    {value: (partition, offset)} of the acked."""
+    acked: dict[bytes, tuple[int, int]] = {}
+    failed: list[Any] = []
+
+    def done(error: Any, message: Any) -> None:
+        if error is None:
+            acked[message.key()] = (message.partition(), message.offset())
+        else:
+            failed.append(error)
+
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": acks == "all",
+        "linger.ms": 5, "message.timeout.ms": 60_000, "topic.metadata.refresh.interval.ms": 500,
+    })  # fmt: skip
+    for i, value in enumerate(values):
+        producer.produce(
+            TOPIC, value=value + bytes(pad), key=value, partition=i % PARTITIONS, on_delivery=done
+        )
+        producer.poll(0)
+    assert producer.flush(90) == 0
+    assert failed == [], failed[:3]
+    return acked
+
+
+def _wait_equal_ends(a: Node, b: Node) -> None:
+    deadline = time.monotonic() + CATCH_UP_S
+    while time.monotonic() < deadline:
+        if _log_end(a.store) == _log_end(b.store):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"ends {_log_end(a.store)} != {_log_end(b.store)}: {a.log()} {b.log()}")
+
+
+def _assert_all_there(store: Any, acked: dict[bytes, tuple[int, int]]) -> None:
+    found = {
+        (partition, offset): value
+        for partition, records in _read_store(store).items()
+        for offset, _key, value in records
+    }
+    for value, place in acked.items():
+        assert found.get(place, b"")[: len(value)] == value, (value, place, found.get(place))
+
+
+def test_a_promoted_follower_leads_and_the_old_leader_truncates_its_tail(tmp_path, nodes):  # noqa: F811
+    a = _node_a(tmp_path)
+    nodes.append(a)
+    b = _node_b(tmp_path, a.bootstrap)
+    nodes.append(b)
+    _create_topic(a.bootstrap)
+    acked = _send(a.bootstrap, [b"first-%d" % i for i in range(3000)])
+    _wait_equal_ends(a, b)
+    b.process.send_signal(signal.SIGSTOP)  # the follower misses what comes next
+    stale = _send(a.bootstrap, [b"stale-%d" % i for i in range(2000)], acks="1")
+    a.stop(signal.SIGKILL)
+    b.process.send_signal(signal.SIGCONT)
+    promoted = _promote(b)
+    assert promoted.returncode == 0, promoted.stderr
+    assert "epoch" in promoted.stdout
+    # The old leader comes back as it was started (a leader), on its port: it takes
+    # a new epoch of its own, smaller than the promoted one, and follows on notice.
+    a_port = _port(a)
+    a = _node_a(tmp_path, a_port)
+    nodes.append(a)
+    acked |= _send(f"{a.bootstrap},{b.bootstrap}", [b"after-%d" % i for i in range(3000)])
+    _wait_equal_ends(a, b)
+    a.stop()
+    b.stop()
+    _assert_identical(b, a)
+    _assert_all_there(b.store, acked)
+    _assert_all_there(a.store, acked)
+    # The new leader copied a prefix of the stale records before the kill (a response
+    # may still be in flight when SIGSTOP lands); the rest were cut from the old one.
+    kept = {value for records in _read_store(a.store).values() for _, _, value in records}
+    gone = [value for value in stale if value not in kept]
+    assert gone, "the old leader's divergent tail was not truncated"
+    with MessageStore.open(a.store, read_only=True) as reader:
+        assert reader.query_by_key(TOPIC, gone[-1].decode()) == []
+    epochs_a = _epochs(a.store)
+    assert epochs_a == _epochs(b.store)
+    assert epochs_a[-1][0] % EPOCH_NODES == 1  # node 1's epoch leads
+
+
+def _epochs(store: Any) -> list[tuple[int, int]]:
+    from mqstore.replication.epochs import LeaderEpochs
+
+    return [tuple(entry) for entry in LeaderEpochs(str(store), read_only=True).entries]  # type: ignore[misc]
+
+
+def test_fast_leader_changes_leave_both_ends_equal_to_what_was_acknowledged(tmp_path, nodes):  # noqa: F811
+    a = _node_a(tmp_path)
+    nodes.append(a)
+    b = _node_b(tmp_path, a.bootstrap)
+    nodes.append(b)
+    _create_topic(a.bootstrap)
+    both = f"{a.bootstrap},{b.bootstrap}"
+    acked: dict[bytes, tuple[int, int]] = {}
+    for round_ in range(4):
+        acked |= _send(both, [b"round-%d-%d" % (round_, i) for i in range(500)], pad=600)
+        _wait_equal_ends(a, b)
+        target = b if round_ % 2 == 0 else a  # the follower of the moment
+        promoted = _promote(target)
+        assert promoted.returncode == 0, promoted.stderr
+    acked |= _send(both, [b"last-%d" % i for i in range(500)])
+    _wait_equal_ends(a, b)
+    a.stop()
+    b.stop()
+    _assert_identical(a, b)
+    _assert_all_there(a.store, acked)
+    offsets = sorted(acked.values())
+    assert len(set(offsets)) == len(offsets) == 2500  # one offset per acked value
+    assert len(_epochs(a.store)) >= 5
+
+
+def test_promotion_out_of_the_in_sync_set_is_refused_unless_unclean(tmp_path):
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    with MessageStore.open(tmp_path / "leader", config) as leader:
+        for i in range(4000):  # 8 MB: ~2,000 fetches of 4 KiB
+            leader.put(TOPIC, 0, b"v" * 2000, keys=f"k{i}")
+        with MessageStore.open(tmp_path / "follower", config) as follower:
+            with Broker(leader, BrokerConfig(port=0)) as broker:
+                lag = ReplicationConfig(replica_lag_time_max_ms=1)
+                node = ReplicaNode(follower, lag, node_id=1)
+                node._fetcher_max_bytes = 4096  # it cannot catch up within 1 ms
+                node.start("127.0.0.1", 0, follow=broker.bootstrap)
+                deadline = time.monotonic() + 30
+                while follower.commitlog.write_position < 100_000:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                assert node.fetcher is not None
+                node.fetcher.stop()  # the link is cut: it heard the leader's end, not more
+            # The leader is gone, and the follower never reached its end.
+            end = follower.commitlog.write_position
+            assert end < leader.commitlog.write_position
+            error, epoch, message = node.promote()
+            assert error == INELIGIBLE_REPLICA
+            assert "in-sync" in message
+            assert follower.is_follower
+            error, epoch, message = node.promote(unclean=True)
+            assert error == 0
+            assert epoch % EPOCH_NODES == 1
+            assert "unclean" in message and "lost" in message
+            assert not follower.is_follower
+            follower.put(TOPIC, 0, b"after", keys="after")  # it takes writes now
+            node.close()
+
+
+def test_a_follower_refuses_a_promotion_to_what_it_already_is(tmp_path):
+    with MessageStore.open(tmp_path / "s", StoreConfig(prewarm=False)) as store:
+        node = ReplicaNode(store, node_id=0)
+        node.start("127.0.0.1", 9)
+        error, _epoch, message = node.promote()
+        assert error != 0 and "leader already" in message
+        node.close()
+
+
+def test_a_node_id_outside_the_epoch_range_is_refused(tmp_path):
+    from mqstore.commitlog.errors import ConfigError
+
+    with (
+        MessageStore.open(tmp_path / "s", StoreConfig(prewarm=False)) as store,
+        pytest.raises(ConfigError),
+    ):
+        ReplicaNode(store, node_id=EPOCH_NODES)
+
+
+def test_promote_cli_reports_an_unreachable_broker():
+    promoted = subprocess.run(
+        [sys.executable, "-m", "mqstore", "promote", "--broker", "127.0.0.1:1",
+         "--timeout-ms", "2000"],
+        capture_output=True, text=True, timeout=60, env={**os.environ},
+    )  # fmt: skip
+    assert promoted.returncode == 1
+    assert "cannot reach 127.0.0.1:1" in promoted.stderr
