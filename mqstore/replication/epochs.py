@@ -297,6 +297,31 @@ class LeaderEpochs:
         self._leader = leader
 
 
+def diverging(
+    leader: LeaderEpochs, leader_end: int, last_fetched_epoch: int, follower_end: int
+) -> tuple[int, int] | None:
+    """The leader's side of KIP-595's check: None when the follower's log (ending at
+    ``follower_end`` with records of ``last_fetched_epoch``) is a prefix of the
+    leader's, else (the largest epoch <= the follower's last that the leader knows,
+    where it ends on the leader)."""
+    if last_fetched_epoch == UNDEFINED:
+        return None
+    epoch, end = leader.end_offset_for(last_fetched_epoch, leader_end)
+    if epoch == last_fetched_epoch and end >= follower_end:
+        return None
+    return epoch, end
+
+
+def truncation_point(follower: LeaderEpochs, follower_end: int, epoch: int, leader_end: int) -> int:
+    """The follower's side (KIP-279): where to cut, given the leader's answer (its
+    ``epoch`` and where it ends there): the smaller of the leader's end and this
+    log's end for the largest epoch <= ``epoch`` it knows. If the epochs differ the
+    next fetch asks again from the cut, until they agree."""
+    own_epoch, own_end = follower.end_offset_for(epoch, follower_end)
+    target = leader_end if own_epoch == UNDEFINED else min(leader_end, own_end)
+    return max(0, min(target, follower_end))
+
+
 def check_epoch(epoch: object) -> int:
     """An epoch from a caller: an int >= 0."""
     if type(epoch) is not int or epoch < 0:

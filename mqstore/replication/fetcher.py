@@ -39,7 +39,7 @@ import zlib
 from typing import Any, Final
 
 from mqstore.commitlog.errors import StoreError
-from mqstore.replication.epochs import UNDEFINED
+from mqstore.replication.epochs import UNDEFINED, truncation_point
 from mqstore.replication.protocol import (
     FRAME_SIZE,
     REPLICA_FETCH_BYTES_DEFAULT,
@@ -251,12 +251,10 @@ class ReplicaFetcher:
             raise ReplicationProtocolError(
                 f"the leader shares no epoch with this log (its answer: {epoch}, {leader_end})"
             )
-        own_epoch, own_end = store.epochs.end_offset_for(epoch, position)
-        target = leader_end if own_epoch == UNDEFINED else min(leader_end, own_end)
-        target = min(target, position)
+        target = truncation_point(store.epochs, position, epoch, leader_end)
         log.warning(
-            "diverged from the leader (epoch %d ends at %d there, %d here): truncating %d -> %d",
-            epoch, leader_end, own_end, position, target,
+            "diverged from the leader (epoch %d ends at %d there): truncating %d -> %d",
+            epoch, leader_end, position, target,
         )  # fmt: skip
         cut = store.truncate_replica(target)
         self._exposed = min(self._exposed, target)

@@ -47,7 +47,7 @@ from mqstore.commitlog.header_scan import (
     dispatch_columns,
     new_columns,
 )
-from mqstore.replication.epochs import UNDEFINED, LeaderEpochs
+from mqstore.replication.epochs import UNDEFINED, LeaderEpochs, diverging
 from mqstore.replication.protocol import ReplicaFetchRequest, ReplicaFetchResponse
 
 __all__ = ["FollowerState", "ReplicaLeader", "ReplicaSource", "ReplicationConfig", "read_chunk"]
@@ -322,14 +322,11 @@ class ReplicaLeader:
     def _diverging(self, request: ReplicaFetchRequest) -> tuple[int, int] | None:
         """KIP-595's check: (the largest epoch <= the follower's last, where it ends
         here) when the follower's log is not a prefix of this one; else None."""
-        if request.last_fetched_epoch == UNDEFINED:
-            return None
-        epoch, end = self.source.epochs.end_offset_for(
-            request.last_fetched_epoch, self.source.commitlog.write_position
-        )
-        if epoch == request.last_fetched_epoch and end >= request.log_end:
-            return None
-        return epoch, end
+        source = self.source
+        return diverging(
+            source.epochs, source.commitlog.write_position, request.last_fetched_epoch,
+            request.log_end,
+        )  # fmt: skip
 
     def _snapshot(self, request: ReplicaFetchRequest) -> tuple[bytes | None, int]:
         """(the topic registry if the follower's differs, else None; the replicable
