@@ -522,6 +522,38 @@ class CommitLog:
             self._arm_prepare_next()
         return end - position
 
+    def restart_replica_at(self, position: int) -> None:
+        """Empty a follower's log and start it again at ``position`` (a file start:
+        its leader's first file, when retention removed what this log would copy
+        next; Kafka's truncateFullyAndStartAt). Every file is deleted, newest first,
+        the directory synced, then an empty file is taken at ``position``. A crash in
+        between leaves a prefix of the old log, or none (the caller lowered the
+        checkpoint to 0 first), and the next fetch restarts it again.
+
+        Raises:
+            IllegalStateError: the log is not a follower's, or ``position`` is not
+                past its end or not a file start.
+        """
+        size = self.config.file_size_bytes
+        with self._flush_lock, self._lock:
+            self._check_replica_writable()
+            appender = self._appender
+            if position <= appender.write_position or position % size:
+                raise IllegalStateError(
+                    f"cannot restart a log ending at {appender.write_position} at {position}"
+                )
+            self._files.remove_after(-1)
+            self._set_current(self._take_file(position))
+            appender.write_position = position
+            self._flushed_position = position
+            self._flushed_mark = (position, self._flushed_mark[1])
+            self._queue_offsets.clear()
+            self._seeded_topics.clear()
+            if appender.feed is not None:
+                appender.feed = []
+                self._feed_start = position
+            self._arm_prepare_next()
+
     def _check_replica_writable(self) -> None:
         """append_replica's _check_writable: the same errors, and a leader refuses."""
         if self._failure is not None or self._sealed or self.read_only:

@@ -384,13 +384,14 @@ class Dispatcher:
         self.wake()
 
     @contextlib.contextmanager
-    def truncating(self) -> Iterator[Callable[[int], None]]:
+    def truncating(self) -> Iterator[Callable[..., None]]:
         """Hold off rounds while a follower's log and derived files are cut; the
         yielded ``rewind(position)`` moves the dispatch position back to the cut
-        (dispatch resumes from there) and drops the work queued past it."""
+        (dispatch resumes from there; ``exactly``: to ``position`` itself, a log
+        started again there) and drops the work queued past it."""
 
-        def rewind(position: int) -> None:
-            self._position = min(self._position, position)
+        def rewind(position: int, exactly: bool = False) -> None:
+            self._position = position if exactly else min(self._position, position)
             self._work = []
             self._work_end = self._position
             if self._tail is not None:  # its cached tails point past the cut

@@ -76,6 +76,31 @@ class ReplicaStore:
             self._epochs = epochs
         return epochs
 
+    def restart_replica_at(self, position: int) -> None:
+        """Drop a follower's whole log and everything derived from it, and start it
+        again at ``position``: its leader's first file, when the leader's retention
+        removed the records this follower would copy next (Kafka's
+        truncateFullyAndStartAt). The checkpoint is lowered to 0 first, so a crash
+        in between recovers a prefix of the old log, or an empty one.
+
+        Raises:
+            IllegalStateError: not a follower, or ``position`` not past the log's end.
+        """
+        self._check_replica_open()
+        commitlog, dispatcher = self.commitlog, self._dispatcher
+        if not commitlog.is_follower or dispatcher is None or self._checkpoint_file is None:
+            raise IllegalStateError("only a follower's writer store restarts its log")
+        with self._checkpoint_guard, dispatcher.truncating() as rewind:
+            self._checkpoint = self._checkpoint_file.store(
+                attrs.evolve(self._checkpoint, flushed_position=0, dispatched_position=0)
+            )
+            self.epochs.clear()
+            commitlog.restart_replica_at(position)
+            self.consume_queues.truncate_beyond(0)
+            self.index.truncate_beyond(0)
+            rewind(position, exactly=True)
+        self._write_checkpoint(derived=True)
+
     def truncate_replica(self, position: int) -> int:
         """Cut a follower's log at ``position`` (its divergence point from the
         leader) with everything derived from it, durably; returns the bytes cut.

@@ -110,9 +110,10 @@ class LeaderEpochs:
 
     @property
     def latest_epoch(self) -> int:
-        """The epoch of the newest entry: the epoch of this log's last records."""
+        """The epoch of the newest entry: the epoch of this log's last records
+        (UNDEFINED: none, a log started again empty)."""
         with self._lock:
-            return self._entries[-1].epoch
+            return self._entries[-1].epoch if self._entries else UNDEFINED
 
     @property
     def current_epoch(self) -> int:
@@ -149,6 +150,8 @@ class LeaderEpochs:
         entry starting at or before it)."""
         with self._lock:
             entries = self._entries
+            if not entries:
+                return EpochEntry(UNDEFINED, 0)
             at = bisect.bisect_right([entry.start for entry in entries], position) - 1
             return entries[max(at, 0)]
 
@@ -187,7 +190,7 @@ class LeaderEpochs:
         """A follower copies records of ``epoch`` that start at ``start``: record the
         entry (durably) if it is new. Entries of older epochs are already here."""
         with self._lock:
-            latest = self._entries[-1]
+            latest = self._entries[-1] if self._entries else EpochEntry(UNDEFINED, 0)
             if epoch == latest.epoch:
                 return
             if epoch < latest.epoch:
@@ -217,6 +220,14 @@ class LeaderEpochs:
                 self._entries = kept
                 self._save()
 
+    def clear(self) -> None:
+        """The log starts again empty at a leader's first file: no entry describes
+        it until its first copied records name their epoch (Kafka clears its cache
+        in truncateFullyAndStartAt), durably."""
+        with self._lock:
+            self._entries = []
+            self._save()
+
     def drop_past(self, log_end: int) -> None:
         """At open: the log ends at ``log_end`` (a crash may have cut its tail);
         entries starting past it name records that are gone."""
@@ -231,7 +242,7 @@ class LeaderEpochs:
     # ------------------------------------------------------------------ file
 
     def _append(self, entry: EpochEntry) -> None:
-        latest = self._entries[-1]
+        latest = self._entries[-1] if self._entries else EpochEntry(UNDEFINED, 0)
         if entry.epoch <= latest.epoch or entry.start < latest.start:
             raise IllegalStateError(f"epoch entry {entry} does not follow {latest}")
         self._entries.append(entry)
@@ -278,14 +289,13 @@ class LeaderEpochs:
             raise CorruptDataError(self.path, 0, "malformed entries") from None
         current, role, leader = body["current_epoch"], body["role"], body["leader"]
         valid = (
-            entries
-            and all(entry.epoch >= 0 and entry.start >= 0 for entry in entries)
+            all(entry.epoch >= 0 and entry.start >= 0 for entry in entries)
             and all(
                 later.epoch > earlier.epoch and later.start >= earlier.start
                 for earlier, later in itertools.pairwise(entries)
             )
             and isinstance(current, int)
-            and current >= entries[-1].epoch
+            and current >= (entries[-1].epoch if entries else 0)
             and role in ROLES
             and (leader is None or isinstance(leader, str))
         )

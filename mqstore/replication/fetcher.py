@@ -62,6 +62,7 @@ CONNECT_TIMEOUT_S: Final = 5.0
 #: The largest response frame accepted: max_bytes plus one record (4 MiB) and topics.
 RESPONSE_BYTES_SLACK: Final = 16 << 20
 #: Kafka's codes the fetcher acts on.
+OFFSET_OUT_OF_RANGE: Final = 1
 FENCED_LEADER_EPOCH: Final = 74
 
 
@@ -209,6 +210,16 @@ class ReplicaFetcher:
                      response.leader_epoch, self.leader_epoch)  # fmt: skip
             self._adopt_epoch(response)
             return  # asks again at once, with the leader's epoch
+        if response.error_code == OFFSET_OUT_OF_RANGE and position < response.log_start:
+            # The leader's retention removed what this log would copy next: start
+            # again at the leader's first file (Kafka's truncateFullyAndStartAt).
+            log.warning("the leader's log starts at %d, past this log's end %d: "
+                        "starting again there", response.log_start, position)  # fmt: skip
+            store.restart_replica_at(response.log_start)
+            self._exposed = response.log_start
+            self.high_watermark = -1
+            self.truncations += 1
+            return
         if response.error_code:
             raise ReplicationProtocolError(
                 f"the leader answered error {response.error_code} at {position} "

@@ -372,7 +372,8 @@ class ReplicaLeader:
         data_epoch = epochs.epoch_at(request.log_end)
         return ReplicaFetchResponse(
             error_code=error, leader_epoch=epochs.current_epoch, leader_node_id=self.node_id,
-            high_watermark=high_watermark, log_end=end, position=request.log_end,
+            high_watermark=high_watermark, log_end=end,
+            log_start=self.source.commitlog.min_position, position=request.log_end,
             diverging_epoch=diverging[0], diverging_end=diverging[1],
             data_epoch=data_epoch.epoch, data_epoch_start=data_epoch.start, topics=topics,
             data=data,

@@ -28,6 +28,7 @@ Response payload::
     | leader_node_id int32    the leader's node id (Metadata on a follower names it)
     | high_watermark int64    the leader's HW (its LEO until followers count in it)
     | log_end int64           the leader's replicable end (its LEO)
+    | log_start int64         the leader's first position (retention moves it)
     | position int64          where ``data`` starts: the request's log_end
     | diverging_epoch int32   -1, or the follower diverged: the largest epoch both
     | diverging_end int64     may share and where it ends on the leader (no data then)
@@ -94,13 +95,13 @@ HEADER: Final = struct.Struct(">hhih")
 #: replica_id, leader_epoch, last_fetched_epoch, log_end, max_bytes, max_wait_ms, topics_crc.
 REQUEST_BODY: Final = struct.Struct(">iiiqiiI")
 #: correlation_id, error_code, leader_epoch, leader_node_id, high_watermark, log_end,
-#: position, diverging_epoch, diverging_end, data_epoch, data_epoch_start.
-RESPONSE_HEAD: Final = struct.Struct(">ihiiqqqiqiq")
+#: log_start, position, diverging_epoch, diverging_end, data_epoch, data_epoch_start.
+RESPONSE_HEAD: Final = struct.Struct(">ihiiqqqqiqiq")
 LENGTH: Final = struct.Struct(">i")
 FRAME_SIZE: Final = struct.Struct(">i")
 assert HEADER.size == 10
 assert REQUEST_BODY.size == 32
-assert RESPONSE_HEAD.size == 62
+assert RESPONSE_HEAD.size == 70
 
 
 class ReplicationProtocolError(InvalidArgumentError):
@@ -123,6 +124,7 @@ class ReplicaFetchResponse(NamedTuple):
     leader_node_id: int
     high_watermark: int
     log_end: int
+    log_start: int
     position: int
     diverging_epoch: int
     diverging_end: int

@@ -280,3 +280,53 @@ def test_a_followers_readers_see_records_only_below_the_hw_it_heard(tmp_path):
             time.sleep(0.05)
         assert follower.max_offset(TOPIC, 0) == leader.max_offset(TOPIC, 0) == (written + 1) // 2
         node.close()
+
+
+@pytest.mark.parametrize("behind", ["empty", "stale"])
+def test_a_follower_behind_the_leaders_retention_starts_again_at_its_first_file(tmp_path, behind):
+    """An empty follower, or one whose end the leader's retention removed, starts
+    again at the leader's first file (Kafka's truncateFullyAndStartAt)."""
+    config = StoreConfig(commitlog_file_size_bytes=64 * 1024, prewarm=False)
+    with (
+        MessageStore.open(tmp_path / "leader", config) as leader,
+        MessageStore.open(tmp_path / "follower", config) as follower,
+        Broker(leader, BrokerConfig(port=0)) as broker,
+    ):
+
+        def fill(count: int, start: int) -> None:
+            for i in range(start, start + count):
+                leader.put(TOPIC, i % 2, b"v%d-" % i + bytes(500), keys=f"k{i}")
+
+        fill(300, 0)
+        if behind == "stale":  # copies some, then falls behind the leader's retention
+            node = ReplicaNode(follower, node_id=1)
+            node.start("127.0.0.1", 0, follow=broker.bootstrap)
+            deadline = time.monotonic() + 30
+            while follower.commitlog.write_position < leader.commitlog.write_position:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            node.close()
+        fill(600, 300)
+        while leader.commitlog.min_position <= follower.commitlog.write_position:
+            assert leader.commitlog.delete_oldest_file() is not None  # what retention does
+        start = leader.commitlog.min_position
+        leader.consume_queues.correct_min_offsets(start)
+        node = ReplicaNode(follower, node_id=1)
+        node.start("127.0.0.1", 0, follow=broker.bootstrap)
+        deadline = time.monotonic() + 30
+        while follower.commitlog.write_position < leader.commitlog.write_position:
+            assert time.monotonic() < deadline, follower.commitlog.write_position
+            time.sleep(0.02)
+        assert follower.commitlog.min_position == start
+        assert node.fetcher is not None and node.fetcher.truncations == 1
+        for queue_id in (0, 1):
+            first = leader.min_offset(TOPIC, queue_id)
+            assert follower.min_offset(TOPIC, queue_id) == first > 0
+            assert follower.max_offset(TOPIC, queue_id) == leader.max_offset(TOPIC, queue_id)
+            mine = follower.get(TOPIC, queue_id, first, 1000)
+            theirs = leader.get(TOPIC, queue_id, first, 1000)
+            assert [(m.queue_offset, m.value) for m in mine] == [
+                (m.queue_offset, m.value) for m in theirs
+            ]
+        assert follower.query_by_key(TOPIC, "k1") == []  # the stale copy is gone
+        node.close()

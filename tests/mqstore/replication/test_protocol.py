@@ -46,6 +46,7 @@ responses = st.builds(
     leader_node_id=st.integers(-1, 2**31 - 1),
     high_watermark=st.integers(0, 2**63 - 1),
     log_end=st.integers(0, 2**63 - 1),
+    log_start=st.integers(0, 2**63 - 1),
     position=st.integers(0, 2**63 - 1),
     diverging_epoch=st.integers(-1, 2**31 - 1),
     diverging_end=st.integers(-1, 2**63 - 1),
