@@ -65,6 +65,26 @@ class ReplicaStore:
 
     def _write_checkpoint(self, derived: bool = False) -> None: ...  # MessageStore's
 
+    def _after_retention(self, min_position: int) -> None: ...  # MessageStore's
+
+    def follow_log_start(self, log_start: int) -> int:
+        """A follower runs no retention of its own: it deletes the files wholly below
+        its leader's log start (heard with every fetch), so both keep the same
+        records; returns how many files were deleted."""
+        self._check_replica_open()
+        commitlog = self.commitlog
+        deleted = 0
+        while True:
+            files = commitlog.files()
+            if len(files) < 2 or files[1].start_offset > log_start:
+                break
+            if commitlog.delete_oldest_file() is None:
+                break
+            deleted += 1
+        if deleted:
+            self._after_retention(commitlog.min_position)
+        return deleted
+
     @property
     def epochs(self) -> LeaderEpochs:
         """The leader epochs and role (mqstore.replication.epochs), loaded on first use;

@@ -238,6 +238,8 @@ class ReplicaFetcher:
             store.epochs.learn(response.data_epoch, response.data_epoch_start)
             store.append_replica(position, response.data)
             self.bytes_copied += len(response.data)
+        if response.log_start > store.commitlog.min_position:
+            store.follow_log_start(response.log_start)  # the leader's retention
         now = time.monotonic()
         end = store.commitlog.write_position
         if end >= response.log_end or 0 <= self._previous_leader_end <= position:

@@ -329,4 +329,12 @@ def test_a_follower_behind_the_leaders_retention_starts_again_at_its_first_file(
                 (m.queue_offset, m.value) for m in theirs
             ]
         assert follower.query_by_key(TOPIC, "k1") == []  # the stale copy is gone
+        # The leader's retention goes on: the follower drops the same files.
+        for _ in range(2):
+            assert leader.commitlog.delete_oldest_file() is not None
+        fill(1, 900)  # a fetch answer carries the new log start
+        deadline = time.monotonic() + 30
+        while follower.commitlog.min_position != leader.commitlog.min_position:
+            assert time.monotonic() < deadline, follower.commitlog.min_position
+            time.sleep(0.02)
         node.close()
