@@ -348,6 +348,9 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             commitlog.flush_to(end)
         redispatched = 0
         dispatcher = self._dispatcher
+        shown = self._recorded_follower(checkpoint)  # mqstore.store_replica
+        if shown is not None:
+            end = min(end, shown)
         while dispatcher.position < end:
             before = dispatcher.position
             redispatched += dispatcher.dispatch_available(REDISPATCH_ROUND_BYTES_MAX)

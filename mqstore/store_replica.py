@@ -67,6 +67,20 @@ class ReplicaStore:
 
     def _after_retention(self, min_position: int) -> None: ...  # MessageStore's
 
+    def _recorded_follower(self, checkpoint: Checkpoint | None) -> int | None:
+        """At a writer's open: a store its epoch file records as a follower
+        (mqstore.replication.node) stays one: local writes are refused, and its
+        readers see no more than they saw before (the dispatched position of the
+        last checkpoint) until its fetcher hears a HW again. None: not a follower."""
+        if self.epochs.role != "follower":
+            return None
+        self.commitlog.set_follower(True)
+        self._put_topics.clear()
+        shown = 0 if checkpoint is None else checkpoint.dispatched_position
+        shown = min(shown, self.commitlog.write_position)
+        self.set_commit_limit(lambda: shown)
+        return shown
+
     def follow_log_start(self, log_start: int) -> int:
         """A follower runs no retention of its own: it deletes the files wholly below
         its leader's log start (heard with every fetch), so both keep the same

@@ -338,3 +338,49 @@ def test_a_follower_behind_the_leaders_retention_starts_again_at_its_first_file(
             assert time.monotonic() < deadline, follower.commitlog.min_position
             time.sleep(0.02)
         node.close()
+
+
+def test_a_restarted_follower_stays_one_and_shows_no_more_than_before(tmp_path):
+    from mqstore.commitlog.errors import NotLeaderError
+
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    with (
+        MessageStore.open(tmp_path / "leader", config) as leader,
+        Broker(
+            leader, BrokerConfig(port=0), replication=ReplicationConfig(replica_ids=(1,))
+        ) as broker,
+    ):
+        follower = MessageStore.open(tmp_path / "follower", config)
+        node = ReplicaNode(follower, node_id=1)
+        node.start("127.0.0.1", 0, follow=broker.bootstrap)
+        fetcher = node.fetcher
+        assert fetcher is not None
+        deadline, written = time.monotonic() + 60, 0
+        while True:  # until the follower holds records past the HW it heard
+            assert time.monotonic() < deadline
+            leader.put(TOPIC, 0, b"x" * 300, keys=f"k{written}")
+            written += 1
+            if follower.commitlog.write_position > max(fetcher.high_watermark, 0) > 0:
+                break
+        fetcher.stop()
+        shown_before = follower.dispatched_position
+        follower._write_checkpoint(derived=True)
+        follower._crash()  # as a SIGKILL leaves it
+        follower = MessageStore.open(tmp_path / "follower", config)
+        try:
+            assert follower.is_follower
+            with pytest.raises(NotLeaderError):
+                follower.put(TOPIC, 0, b"local", keys="local")
+            assert follower.dispatched_position <= shown_before
+            assert follower.dispatched_position < follower.commitlog.write_position
+            node = ReplicaNode(follower, node_id=1)
+            node.start("127.0.0.1", 0)  # the store records its leader: it follows it
+            assert node.fetcher is not None
+            deadline = time.monotonic() + 30
+            while follower.dispatched_position < leader.commitlog.write_position:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert follower.max_offset(TOPIC, 0) == leader.max_offset(TOPIC, 0) == written
+            node.close()
+        finally:
+            follower.close()
