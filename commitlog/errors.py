@@ -27,6 +27,8 @@ __all__ = [
     "DiskFullError",
     "ReadOnlyStoreError",
     "NotLeaderError",
+    "NotEnoughReplicasError",
+    "ReplicationTimeoutError",
     "ReplicaPositionError",
     "UnknownTopicError",
     "DispatchFailedError",
@@ -131,6 +133,19 @@ class ReadOnlyStoreError(StoreError):
 class NotLeaderError(StoreError):
     """A local write to a follower store (Kafka's NOT_LEADER_OR_FOLLOWER): its log is
     a copy of the leader's and takes only bytes copied from it."""
+
+
+class NotEnoughReplicasError(StoreError):
+    """A replicated write (acks=all) not acknowledged: fewer replicas are in sync than
+    min.insync.replicas. The embedded put checks after its append, so the record is
+    in the leader's log but not acknowledged (Kafka's
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND); the caller must treat it as not written."""
+
+
+class ReplicationTimeoutError(StoreError, TimeoutError):
+    """A replicated write appended on the leader that the in-sync replicas did not all
+    hold before its timeout. It may still be replicated, or lost in a failover: the
+    caller must treat it as not acknowledged."""
 
 
 class ReplicaPositionError(StoreError):

@@ -696,6 +696,8 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         )  # fmt: skip
         if result[0] > self._help_dispatch_past:
             self._help_dispatch_if_behind(result[0])
+        if self._replicated_wait is not None:  # mqstore.store_replica
+            self._replicated_wait(self.commitlog.write_position)
         return result
 
     def _check_put(self, topic: str, queue_id: int) -> None:
@@ -827,6 +829,8 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             and self.commitlog.write_position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES
         ):
             _help_dispatch(dispatcher)
+        if self._replicated_wait is not None and not self.commitlog.is_follower:
+            self._replicated_wait(self.commitlog.write_position)
 
     def _check_queue_for_write(self, topic: str, queue_id: int) -> None:
         """Make (topic, queue_id) a partition of its topic if it is not one, when

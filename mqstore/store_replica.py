@@ -60,6 +60,17 @@ class ReplicaStore:
     _checkpoint_guard: threading.Lock
     _commit_limited = False  # set_commit_limit gave a limit
     _epochs: LeaderEpochs | None = None
+    #: The replicated sync mode (set_replicated_wait): called with the log end after
+    #: each embedded put; None: puts return after the local append.
+    _replicated_wait: Callable[[int], None] | None = None
+
+    def set_replicated_wait(self, wait: Callable[[int], None] | None) -> None:
+        """The leader's replicated sync mode: after each embedded put (``put``,
+        ``put_batch``, ``put_batch_arrays``, ``put_batch_buffers``; not the broker's
+        appends, which wait per acks), ``wait(log end)`` returns once the in-sync
+        replicas hold the put, or raises NotEnoughReplicasError or
+        ReplicationTimeoutError (mqstore.replication.node sets it)."""
+        self._replicated_wait = wait
 
     def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
 

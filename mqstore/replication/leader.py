@@ -98,6 +98,15 @@ class ReplicationConfig:
     replica_lag_time_max_ms: int = attrs.field(
         default=30_000, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)]
     )
+    #: The embedded ``put`` in the leader's process: "leader" (returns after the local
+    #: append) or "all" (returns once the in-sync set holds it, as acks=all).
+    embedded_acks: str = attrs.field(
+        default="leader", validator=attrs.validators.in_(("leader", "all"))
+    )
+    #: How long an embedded put waits for the in-sync set in the "all" mode.
+    embedded_timeout_ms: int = attrs.field(
+        default=30_000, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)]
+    )
 
 
 class ReplicaSource(Protocol):

@@ -38,7 +38,7 @@ import socket
 import threading
 from typing import Any, Final
 
-from mqstore.commitlog.errors import ConfigError
+from mqstore.commitlog.errors import ConfigError, NotEnoughReplicasError, ReplicationTimeoutError
 from mqstore.replication.epochs import EPOCH_NODES
 from mqstore.replication.fetcher import ReplicaFetcher
 from mqstore.replication.leader import (
@@ -162,6 +162,7 @@ class ReplicaNode:
         if self._notice is not None:
             self._notice.join(NOTICE_TIMEOUT_S + 1)
         self.leader.close()
+        self.store.set_replicated_wait(None)
         if self.store.is_follower:
             self.store.set_commit_limit(None)
 
@@ -256,12 +257,32 @@ class ReplicaNode:
         if reload is not None:  # state derived from the log (offsets, producers)
             reload()
         self.leader.activate(high_watermark)
+        if self.config.embedded_acks == "all":
+            store.set_replicated_wait(self._wait_replicated)
         log.info("node %d leads at epoch %d", self.node_id, epoch)
         return epoch
+
+    def _wait_replicated(self, end: int) -> None:
+        """The embedded put in the replicated sync mode: as acks=all."""
+        leader = self.leader
+        if not leader.configured:
+            return
+        if not leader.enough_in_sync():
+            raise NotEnoughReplicasError(
+                f"{1 + len(leader.in_sync())} replicas in sync, "
+                f"min.insync.replicas is {self.config.min_insync_replicas}: the put is in "
+                "the leader's log but not acknowledged"
+            )
+        if not leader.wait_for_high_watermark(end, self.config.embedded_timeout_ms):
+            raise ReplicationTimeoutError(
+                f"the in-sync replicas did not reach {end} within "
+                f"{self.config.embedded_timeout_ms} ms: not acknowledged"
+            )
 
     def _follow(self, address: str, epoch: int | None) -> None:
         host, port = parse_address(address)
         store = self.store
+        store.set_replicated_wait(None)
         self.leader.close()
         store.become_follower()
         store.epochs.follow(address, epoch)

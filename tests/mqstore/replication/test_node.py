@@ -384,3 +384,41 @@ def test_a_restarted_follower_stays_one_and_shows_no_more_than_before(tmp_path):
             node.close()
         finally:
             follower.close()
+
+
+def test_the_embedded_put_in_the_replicated_sync_mode_returns_once_the_follower_holds_it(
+    tmp_path,
+):
+    from mqstore.commitlog.errors import NotEnoughReplicasError, ReplicationTimeoutError
+
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    replication = ReplicationConfig(
+        replica_ids=(1,), min_insync_replicas=2, replica_lag_time_max_ms=1500,
+        embedded_acks="all", embedded_timeout_ms=500,
+    )  # fmt: skip
+    with (
+        MessageStore.open(tmp_path / "leader", config) as leader,
+        MessageStore.open(tmp_path / "follower", config) as follower,
+        Broker(leader, BrokerConfig(port=0), replication=replication) as broker,
+    ):
+        with pytest.raises(NotEnoughReplicasError):  # no follower yet: refused
+            leader.put(TOPIC, 0, b"alone", keys="alone")
+        node = ReplicaNode(follower, node_id=1)
+        node.start("127.0.0.1", 0, follow=broker.bootstrap)
+        deadline = time.monotonic() + 30
+        while True:  # in sync once it caught up
+            try:
+                leader.put(TOPIC, 0, b"first", keys="first")
+                break
+            except (NotEnoughReplicasError, ReplicationTimeoutError):
+                assert time.monotonic() < deadline
+        for i in range(20):
+            leader.put(TOPIC, 0, b"v%d" % i, keys=f"k{i}")
+            assert follower.commitlog.write_position >= leader.commitlog.write_position
+        leader.put_batch(TOPIC, 1, [b"a", b"b"], keys=["a", "b"])
+        assert follower.commitlog.write_position >= leader.commitlog.write_position
+        assert node.fetcher is not None
+        node.fetcher.stop()  # the follower stops copying: not acknowledged in time
+        with pytest.raises(ReplicationTimeoutError):
+            leader.put(TOPIC, 0, b"unacknowledged", keys="late")
+        node.close()
