@@ -21,8 +21,8 @@ from mqstore.broker.credentials import CREDENTIALS_FILE
 from mqstore.broker.server import Broker
 from mqstore.commitlog.errors import ConfigError
 from mqstore.engine import Engine
-from mqstore.replication.fetcher import ReplicaFetcher
 from mqstore.replication.leader import ReplicationConfig
+from mqstore.replication.node import ReplicaNode
 
 __all__ = ["cmd_serve", "parse_listen", "serve", "start_following"]
 
@@ -84,22 +84,22 @@ def serve(
             signal.signal(number, handler)
 
 
-def start_following(engine: Engine, leader: str, replica_id: int = 1) -> ReplicaFetcher:
-    """Make ``engine`` a follower of the broker at ``leader`` (HOST:PORT) and start
-    its fetcher thread; the caller stops it (``ReplicaFetcher.stop``) before closing
-    the engine.
+def start_following(engine: Engine, leader: str, replica_id: int = 1) -> ReplicaNode:
+    """Make ``engine`` a follower of the broker at ``leader`` (HOST:PORT), without a
+    broker of its own, and start its fetcher; returns the node (its ``fetcher``), which
+    the caller closes (``ReplicaNode.close``) before closing the engine.
 
     Raises:
-        ConfigError: ``leader`` is not HOST:PORT, or the engine cannot follow (the
-            segmented engine has no single CommitLog to copy).
+        ConfigError: ``leader`` is not HOST:PORT, the replica id is out of 0..1023,
+            or the engine cannot follow (the segmented engine has no single
+            CommitLog to copy).
     """
-    host, port = parse_listen(leader)
+    parse_listen(leader)
     if not hasattr(engine, "become_follower"):
         raise ConfigError("--follow needs the commitlog engine (one CommitLog to copy)")
-    if replica_id < 0:
-        raise ConfigError(f"replica id {replica_id} must be >= 0")
-    engine.become_follower()
-    return ReplicaFetcher(engine, host, port, replica_id=replica_id).start()
+    node = ReplicaNode(engine, node_id=replica_id)
+    node.start("127.0.0.1", 0, follow=leader)
+    return node
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

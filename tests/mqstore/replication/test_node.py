@@ -422,3 +422,23 @@ def test_the_embedded_put_in_the_replicated_sync_mode_returns_once_the_follower_
         with pytest.raises(ReplicationTimeoutError):
             leader.put(TOPIC, 0, b"unacknowledged", keys="late")
         node.close()
+
+
+def test_start_following_copies_without_a_broker_of_its_own(tmp_path):
+    from mqstore.broker.serve import start_following
+
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    with (
+        MessageStore.open(tmp_path / "leader", config) as leader,
+        MessageStore.open(tmp_path / "follower", config) as follower,
+        Broker(leader, BrokerConfig(port=0)) as broker,
+    ):
+        for i in range(100):
+            leader.put(TOPIC, 0, b"v%d" % i, keys=f"k{i}")
+        node = start_following(follower, broker.bootstrap, replica_id=3)
+        deadline = time.monotonic() + 30
+        while follower.topics.get(TOPIC) is None or follower.max_offset(TOPIC, 0) < 100:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert [m.value for m in follower.get(TOPIC, 0, 98, 5)] == [b"v98", b"v99"]
+        node.close()
