@@ -14,8 +14,34 @@ from kafka import KafkaProducer
 from mqstore.broker import Broker, BrokerConfig
 from mqstore.commitlog.errors import ConfigError
 from tests.mqstore.broker.conftest import read_frame
-from tests.mqstore.broker.test_protocol import api_versions, request_frame
+from tests.mqstore.broker.test_protocol import api_versions, assert_serving, request_frame
 from tests.mqstore.engines import open_engine
+
+
+@pytest.mark.parametrize("engine", ["commitlog", "segmented"])
+def test_a_store_closed_under_the_broker_gets_storage_errors_not_a_dead_broker(
+    tmp_path: Any, engine: str
+) -> None:
+    """The embedding service closes the store while the broker serves: requests get
+    KAFKA_STORAGE_ERROR (56), the broker stays up and stops cleanly."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    store = open_engine(engine, tmp_path / "store")
+    store.create_topic("t", partitions=1)
+    broker = Broker(store, BrokerConfig(port=0)).start()
+    try:
+        store.close()
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": broker.bootstrap, "group.id": "g"}
+        )
+        try:
+            with pytest.raises(confluent_kafka.KafkaException) as refused:
+                consumer.get_watermark_offsets(confluent_kafka.TopicPartition("t", 0), timeout=10)
+            assert refused.value.args[0].code() == confluent_kafka.KafkaError.KAFKA_STORAGE_ERROR
+        finally:
+            consumer.close()
+        assert_serving(broker.port)  # it still answers
+    finally:
+        broker.stop()
 
 
 def test_embedded_api_keeps_working_while_serving(tmp_path: Any) -> None:
