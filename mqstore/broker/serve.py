@@ -151,14 +151,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def listening(broker: Broker) -> None:
         # One line on stdout, so a script (or a test) learns the port when it asked for 0.
         print(f"mqstore: serving {args.store} on {broker.bootstrap}", flush=True)
-        node = broker.node
+        if broker.metrics_server is not None:
+            server = broker.metrics_server
+            print(f"mqstore: metrics on http://{server.host}:{server.port}/metrics", flush=True)
+        node = broker.node  # the role last: scripts read the lines above by position
         if node is not None and node.fetcher is not None:
             print(f"mqstore: following {node.fetcher.host}:{node.fetcher.port}", flush=True)
         elif node is not None:
             print(f"mqstore: leading at epoch {node.epoch}", flush=True)
-        if broker.metrics_server is not None:
-            server = broker.metrics_server
-            print(f"mqstore: metrics on http://{server.host}:{server.port}/metrics", flush=True)
 
     try:
         replica_ids: list[int] = [int(n) for n in args.replica_ids.split(",") if n.strip()]
