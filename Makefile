@@ -12,13 +12,13 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The tests include the Spark data source, so the dev install takes the spark extra too.
-$(STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c | $(PY)
+$(STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # The demo needs the package alone: no dev tools, no Spark.
 DEMO_STAMP := $(VENV)/.installed-demo
-$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c | $(PY)
+$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $(DEMO_STAMP)
 
@@ -51,7 +51,9 @@ unit: $(STAMP) fuse-deps kcat-deps
 PURE_TESTS := tests/commitlog tests/consumequeue tests/dispatch tests/indexfile \
 	tests/mqstore/test_store.py tests/mqstore/test_store_model.py \
 	tests/mqstore/test_reader.py tests/mqstore/test_batch.py tests/mqstore/test_engine.py \
-	tests/mqstore/test_corruption.py tests/mqstore/test_kafka.py tests/mqstore/test_kafka_producer.py
+	tests/mqstore/test_corruption.py tests/mqstore/test_kafka.py tests/mqstore/test_kafka_producer.py \
+	tests/mqstore/broker/test_fetch_batch.py tests/mqstore/broker/test_produce_columns.py \
+	tests/mqstore/broker/test_column_log.py
 unit-pure: $(STAMP)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
 
@@ -78,7 +80,7 @@ soak: $(STAMP)
 pipeline: $(STAMP)
 	$(PY) -m examples.pipeline --path ./pipeline-data
 
-$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c | $(PY)
+$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(BENCH_STAMP)
 

@@ -18,6 +18,7 @@ setup(
                 "commitlog/_dispatch.c",
                 "consumequeue/_time.c",
                 "segmented/_records.c",
+                "mqstore/broker/_kafka_codec.c",
             ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -15,7 +15,13 @@ round, the order rotated each round; medians):
   records through ``mqstore.KafkaProducer(store)`` (linger_ms 5) and
   ``mqstore.KafkaConsumer(store=...)`` in this process: what the network front costs.
 
-Run: ``python -m bench.broker [--rounds 3] [--messages 200000] [--engines commitlog]``.
+``--baseline-tree PATH`` adds the wire cases of the CommitLog engine with the broker
+process importing another checkout of mqstore (PYTHONPATH=PATH, e.g. a copy of main
+with its C module built), as ``commitlog.baseline``, in the same rounds: a change
+and what it replaces measured in one run.
+
+Run: ``python -m bench.broker [--rounds 3] [--messages 200000] [--engines commitlog]
+[--baseline-tree PATH]``.
 Writes bench/results/broker.json (``targets`` rows for bench/REPORT.md).
 """
 
@@ -42,14 +48,24 @@ START_TIMEOUT_S: Final = 60.0
 CASE_TIMEOUT_S: Final = 300.0
 SYNC_SHARE: Final = 4  # the sync cases send messages / this (they are the slowest)
 SMALL_STORE: Final = {"commitlog": ["commitlog_file_size_bytes=268435456"], "segmented": []}
+#: librdkafka stops fetching for fetch.queue.backoff.ms (default 1,000) whenever its
+#: queue holds queued.min.messages (100,000): a broker faster than the application
+#: then idles a second at a time (bench/broker_fetch.py measured every engine at
+#: ~135,000 msg/s that way). 1 ms keeps the fetcher going.
+FETCH_QUEUE_BACKOFF_MS: Final = 1
+BASELINE: Final = "commitlog.baseline"
 
 
-def start_broker(path: str, engine: str, sync: bool) -> tuple[subprocess.Popen[str], str]:
+def start_broker(
+    path: str, engine: str, sync: bool, tree: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``mqstore serve`` over ``path``; ``tree``: import mqstore from that checkout."""
     command = [sys.executable, "-m", "mqstore", "--store", path, "--engine", engine]
     for item in [*SMALL_STORE[engine], *(["flush_mode=sync"] if sync else [])]:
         command += ["--config", item]
     command += ["serve", "--listen", "127.0.0.1:0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     assert process.stdout is not None
     line = process.stdout.readline()
     found = re.search(r" on (\S+:\d+)$", line.strip())
@@ -111,6 +127,7 @@ def wire_consume(bootstrap: str, messages: int) -> float:
             "enable.auto.commit": False,
             "fetch.max.bytes": 52_428_800,
             "max.partition.fetch.bytes": 1_048_576,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, 0)])
@@ -118,7 +135,11 @@ def wire_consume(bootstrap: str, messages: int) -> float:
     started = time.perf_counter()
     deadline = time.monotonic() + CASE_TIMEOUT_S
     while got < messages and time.monotonic() < deadline:
-        got += sum(1 for m in consumer.consume(10_000, 0.5) if m.error() is None)
+        # consume(n, timeout) returns at n messages or the timeout: ask for no more
+        # than are left, or the last call waits out its 0.5 s (a 200,000-message
+        # run measured 0.71 s where the messages took 0.21 s).
+        wanted = min(10_000, messages - got)
+        got += sum(1 for m in consumer.consume(wanted, 0.5) if m.error() is None)
     elapsed = time.perf_counter() - started
     consumer.close()
     if got < messages:
@@ -126,9 +147,10 @@ def wire_consume(bootstrap: str, messages: int) -> float:
     return messages / elapsed
 
 
-def wire_case(engine: str, messages: int) -> dict[str, float]:
+def wire_case(engine: str, messages: int, tree: str | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as directory:
-        process, bootstrap = start_broker(os.path.join(directory, "store"), engine, sync=False)
+        path = os.path.join(directory, "store")
+        process, bootstrap = start_broker(path, engine, sync=False, tree=tree)
         try:
             produced = wire_produce(bootstrap, messages, "1")
             consumed = wire_consume(bootstrap, messages + 1)  # + the topic-creating one
@@ -137,9 +159,10 @@ def wire_case(engine: str, messages: int) -> dict[str, float]:
     return {"wire.produce": produced, "wire.consume": consumed}
 
 
-def wire_sync_case(engine: str, messages: int) -> dict[str, float]:
+def wire_sync_case(engine: str, messages: int, tree: str | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as directory:
-        process, bootstrap = start_broker(os.path.join(directory, "store"), engine, sync=True)
+        path = os.path.join(directory, "store")
+        process, bootstrap = start_broker(path, engine, sync=True, tree=tree)
         try:
             produced = wire_produce(bootstrap, messages // SYNC_SHARE, "all")
         finally:
@@ -222,18 +245,25 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--engines", default="commitlog")
     parser.add_argument("--output", default=RESULTS)
+    parser.add_argument("--baseline-tree", metavar="PATH", help="see the module docstring")
     args = parser.parse_args()
     engines = args.engines.split(",")
-    runs: dict[str, list[dict[str, float]]] = {engine: [] for engine in engines}
+    variants = engines + ([BASELINE] if args.baseline_tree else [])
+    runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     loads = [load_sample()]
     for round_ in range(args.rounds):
-        for engine in engines:
+        for engine in variants:
             steps: list[Callable[[], dict[str, float]]] = [
                 partial(wire_case, engine, args.messages),
                 partial(embedded_case, engine, args.messages, sync=False),
                 partial(wire_sync_case, engine, args.messages),
                 partial(embedded_case, engine, args.messages, sync=True),
             ]
+            if engine == BASELINE:  # the other checkout serves; nothing embedded
+                steps = [
+                    partial(wire_case, "commitlog", args.messages, args.baseline_tree),
+                    partial(wire_sync_case, "commitlog", args.messages, args.baseline_tree),
+                ]
             shift = round_ % len(steps)
             figures: dict[str, float] = {}
             for step in steps[shift:] + steps[:shift]:
@@ -242,7 +272,7 @@ def main() -> None:
             shown = "  ".join(f"{k} {v:,.0f}" for k, v in sorted(figures.items()))
             print(f"round {round_ + 1} {engine}: {shown}", flush=True)
         loads.append(load_sample())
-    cases = {engine: summarize(engine_runs) for engine, engine_runs in runs.items()}
+    cases = {variant: summarize(variant_runs) for variant, variant_runs in runs.items()}
     rows = [row for engine in engines for row in targets(engine, cases[engine])]
     for row in rows:
         print(
@@ -258,6 +288,7 @@ def main() -> None:
             "value_bytes": len(VALUE),
             "rounds": args.rounds,
             "command": "python -m bench.broker " + " ".join(sys.argv[1:]),
+            "baseline_tree": args.baseline_tree,
             "cases": cases,
             "targets": rows,
         },

@@ -13,13 +13,18 @@ fresh broker process over its store (started and stopped outside the timing):
   ``fetch.queue.backoff.ms`` 1, see FETCH_QUEUE_BACKOFF_MS), msg/s from the first
   ``consume`` until the last message arrives;
 - ``segmented.sendfile``: the same, from the segmented store, zero copy;
-- ``segmented.copy``: the same store, ``zero_copy_fetch`` off.
+- ``segmented.copy``: the same store, ``zero_copy_fetch`` off;
+- ``commitlog.baseline`` (with ``--baseline-tree PATH``): the ``commitlog`` case with
+  the broker process importing another checkout of mqstore (PYTHONPATH=PATH, e.g. a
+  copy of main with its C module built), so that a change and what it replaces are
+  measured in one run, interleaved.
 
 Medians over the rounds; ratios of the medians. ``--profile`` also runs the CommitLog
 engine's Fetch work (``Handlers.fetch_pass`` + ``encode_response``, what a read thread
 and the loop do per Fetch) under cProfile on one thread, and prints where it goes.
 
-Run: ``python -m bench.broker_fetch [--rounds 3] [--messages 1000000] [--profile]``.
+Run: ``python -m bench.broker_fetch [--rounds 3] [--messages 1000000] [--profile]
+[--baseline-tree PATH]``.
 Writes bench/results/broker_fetch.json (``targets`` rows for bench/REPORT.md).
 """
 
@@ -82,10 +87,14 @@ def serve_main(engine: str, path: str, zero_copy: bool) -> None:
         store.close()
 
 
-def start_broker(engine: str, path: str, zero_copy: bool) -> tuple[subprocess.Popen[str], str]:
+def start_broker(
+    engine: str, path: str, zero_copy: bool, tree: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """A broker process over ``path``; ``tree``: import mqstore from that checkout."""
     command = [sys.executable, "-m", "bench.broker_fetch", "--serve", engine, path]
     command += ["--zero-copy"] if zero_copy else []
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     assert process.stdout is not None
     line = process.stdout.readline()
     found = re.search(r" on (\S+:\d+)$", line.strip())
@@ -136,7 +145,11 @@ def consume(bootstrap: str, messages: int) -> float:
     started = time.perf_counter()
     deadline = time.monotonic() + CASE_TIMEOUT_S
     while got < messages and time.monotonic() < deadline:
-        got += sum(1 for m in consumer.consume(10_000, 0.5) if m.error() is None)
+        # consume(n, timeout) returns at n messages or the timeout: ask for no more
+        # than are left, or the last call waits out its 0.5 s (a 200,000-message
+        # run measured 0.71 s where the messages took 0.21 s).
+        wanted = min(10_000, messages - got)
+        got += sum(1 for m in consumer.consume(wanted, 0.5) if m.error() is None)
     elapsed = time.perf_counter() - started
     consumer.close()
     if got < messages:
@@ -161,9 +174,12 @@ def setup(directory: str, messages: int) -> dict[str, str]:
     return paths
 
 
-def run_case(case: str, paths: dict[str, str], messages: int) -> float:
+def run_case(case: str, paths: dict[str, str], messages: int, tree: str | None = None) -> float:
     engine = case.split(".")[0]
-    process, bootstrap = start_broker(engine, paths[engine], zero_copy=case != "segmented.copy")
+    process, bootstrap = start_broker(
+        engine, paths[engine], zero_copy=case != "segmented.copy",
+        tree=tree if case == "commitlog.baseline" else None,
+    )  # fmt: skip
     try:
         return consume(bootstrap, messages)
     finally:
@@ -176,13 +192,13 @@ def profile_commitlog(path: str, messages: int, top: int = 18) -> str:
     from kafka.protocol.consumer import FetchRequest
 
     from mqstore.broker import BrokerConfig
+    from mqstore.broker.column_log import ColumnLog
     from mqstore.broker.handlers import Handlers
-    from mqstore.broker.log import RecordLog
     from mqstore.broker.protocol import encode_response
 
     store = open_engine("commitlog", path)
     try:
-        handlers = Handlers(RecordLog(store), store.offsets, BrokerConfig(), 0)
+        handlers = Handlers(ColumnLog(store), store.offsets, BrokerConfig(), 0)
         partition = FetchRequest.FetchTopic.FetchPartition(
             partition=0, fetch_offset=0, partition_max_bytes=FETCH_MAX_BYTES,
             log_start_offset=-1, current_leader_epoch=-1,
@@ -216,6 +232,8 @@ def profile_commitlog(path: str, messages: int, top: int = 18) -> str:
 
 
 def targets(cases: dict[str, Any]) -> list[dict[str, Any]]:
+    """The target rows (the baseline, when measured, is in ``cases`` only)."""
+
     def row(case: str, peer: str | None, name: str) -> dict[str, Any]:
         value = float(cases[case])
         peer_value = None if peer is None else float(cases[peer])
@@ -245,6 +263,10 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output", default=RESULTS)
+    parser.add_argument(
+        "--baseline-tree", metavar="PATH",
+        help="also serve the CommitLog store from the mqstore checkout at PATH (a case)",
+    )  # fmt: skip
     parser.add_argument("--serve", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -256,11 +278,12 @@ def main() -> None:
         paths = setup(directory, args.messages)
         runs: list[dict[str, float]] = []
         loads = [load_sample()]
+        cases_run = CASES + (("commitlog.baseline",) if args.baseline_tree else ())
         for round_ in range(args.rounds):
-            shift = round_ % len(CASES)
+            shift = round_ % len(cases_run)
             figures = {}
-            for case in CASES[shift:] + CASES[:shift]:
-                figures[case] = run_case(case, paths, args.messages)
+            for case in cases_run[shift:] + cases_run[:shift]:
+                figures[case] = run_case(case, paths, args.messages, args.baseline_tree)
             runs.append(figures)
             loads.append(load_sample())
             shown = "  ".join(f"{k} {v:,.0f}" for k, v in figures.items())
@@ -288,6 +311,7 @@ def main() -> None:
             "value_bytes": len(VALUE),
             "rounds": args.rounds,
             "command": "python -m bench.broker_fetch " + " ".join(sys.argv[1:]),
+            "baseline_tree": args.baseline_tree,
             "cases": cases,
             "runs": runs,
             "targets": rows,

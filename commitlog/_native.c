@@ -872,6 +872,10 @@ static PyMethodDef methods[] = {
      "The dispatcher's columns of a run of records in one file (_dispatch.c)."},
     {"record_spans", (PyCFunction)(void (*)(void))mqstore_record_spans, METH_FASTCALL,
      "The records of a Kafka record batch v2: spans of each, checked (_records.c)."},
+    {"kafka_batch", (PyCFunction)(void (*)(void))mqstore_kafka_batch, METH_FASTCALL,
+     "A Kafka record batch v2 from a read's columns, CRC left 0 (_kafka_codec.c)."},
+    {"kafka_values", (PyCFunction)(void (*)(void))mqstore_kafka_values, METH_FASTCALL,
+     "A produced batch's records as columns for the columnar put (_kafka_codec.c)."},
     {NULL, NULL, 0, NULL},
 };
 

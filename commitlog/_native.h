@@ -291,4 +291,8 @@ PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssi
 /* segmented/_records.c: the records of a Kafka record batch v2, walked. */
 PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* mqstore/broker/_kafka_codec.c: a Kafka record batch v2 from a read's columns. */
+PyObject *mqstore_kafka_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_kafka_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif /* MQSTORE_NATIVE_H */

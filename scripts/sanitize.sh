@@ -52,7 +52,8 @@ esac
 # crafted-ConsumeQueue-unit test through MessageStore.get, the time look-up
 # (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time, and the
 # dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open,
-# and the Kafka record walk (record_spans) alone and through the segmented cleaner.
+# the Kafka record walk (record_spans) alone and through the segmented cleaner, and the
+# broker's Kafka codec (kafka_batch, kafka_values) alone and through its storage adapter.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -69,6 +70,9 @@ TESTS=(
     tests/dispatch/test_log_scan.py
     tests/segmented/test_record_batch.py
     tests/segmented/test_cleaner.py
+    tests/mqstore/broker/test_fetch_batch.py
+    tests/mqstore/broker/test_produce_columns.py
+    tests/mqstore/broker/test_column_log.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

@@ -5,8 +5,10 @@ consume from, over the engine interface (mqstore.engine), so it serves both
 engines. See docs/BROKER.md for how to run it and what works.
 
 Layout, downward: ``server`` (event loop, connections, frames) -> ``handlers`` and
-``groups`` (the APIs) -> ``log`` (the storage adapter) -> ``batch`` (record
-batches) -> the engine. ``protocol`` holds the served versions and the codec.
+``groups`` (the APIs) -> ``log`` (the storage adapter; ``column_log`` on the
+CommitLog engine, ``zero_copy`` on the segmented one) -> ``batch``, ``fetch_batch``,
+``produce_columns`` (record batches; the last two in C, _kafka_codec.c) -> the engine.
+``protocol`` holds the served versions and the codec.
 """
 
 from mqstore.broker.config import BrokerConfig

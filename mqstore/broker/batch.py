@@ -44,6 +44,7 @@ from mqstore.segmented.record_batch import (
     ATTRIBUTES_POSITION,
     COMPRESSION_MASK,
     CONTROL_MASK,
+    CRC_POSITION,
     HEADER,
     HEADER_SIZE,
     LENGTH,
@@ -67,6 +68,7 @@ __all__ = [
     "build_fetch_batch",
     "check_produced",
     "decode_produced",
+    "inflated",
 ]
 
 CORRUPT_MESSAGE: Final = 2  # Kafka's error code for a CRC or size failure
@@ -149,14 +151,7 @@ def decode_produced(batch: ProducedBatch) -> list[ProducerRecord]:
             they inflate past ``INFLATED_BYTES_MAX``, or the codec's library is
             missing.
     """
-    header, data = batch
-    codec = header.attributes & COMPRESSION_MASK
-    if codec:
-        body = _inflate(CODEC_NAMES[codec], memoryview(data)[HEADER_SIZE:])
-        prefix = bytearray(data[:HEADER_SIZE])
-        _LENGTH.pack_into(prefix, LENGTH_POSITION, HEADER_SIZE + len(body) - LOG_OVERHEAD)
-        data = bytes(prefix) + body
-        header = header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
+    header, data = inflated(batch)
     try:
         decoded = decode_records(data, 0, header, header.base_offset, header.records_count)
     except MalformedBatchError as error:
@@ -166,6 +161,25 @@ def decode_produced(batch: ProducedBatch) -> list[ProducerRecord]:
             f"{len(decoded)} records decoded of {header.records_count}", CORRUPT_MESSAGE
         )
     return [ProducerRecord(r.key, r.value, r.headers, r.timestamp_ms) for r in decoded]
+
+
+def inflated(batch: ProducedBatch) -> ProducedBatch:
+    """A checked batch with its records uncompressed (itself when they are): the
+    header's length and codec bits match the new records, its CRC is the producer's.
+
+    Raises:
+        InvalidBatchError: they inflate past ``INFLATED_BYTES_MAX``, do not inflate,
+            or the codec's library is missing.
+    """
+    header, data = batch
+    codec = header.attributes & COMPRESSION_MASK
+    if not codec:
+        return batch
+    body = _inflate(CODEC_NAMES[codec], memoryview(data)[HEADER_SIZE:])
+    prefix = bytearray(data[:HEADER_SIZE])
+    _LENGTH.pack_into(prefix, LENGTH_POSITION, HEADER_SIZE + len(body) - LOG_OVERHEAD)
+    header = header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
+    return ProducedBatch(header, bytes(prefix) + body)
 
 
 def _inflate(codec: str, body: memoryview) -> bytes:
@@ -191,6 +205,8 @@ def build_fetch_batch(batch: EngineBatch, first: int, count: int) -> bytearray:
     assert count > 0
     assert first + count <= len(batch)
     stamps = batch.timestamps_ms[first : first + count]
+    offsets = batch.offsets
+    base_offset = offsets[first]
     base_ts = stamps[0]
     keys, values, headers = batch.keys, batch.values, batch.headers
     varints, cached, varint = _VARINTS, len(_VARINTS), zigzag_varint
@@ -199,10 +215,11 @@ def build_fetch_batch(batch: EngineBatch, first: int, count: int) -> bytearray:
         row = first + index
         key, value, pairs = keys[row], values[row], headers[row]
         delta = stamps[index] - base_ts
+        offset_delta = offsets[row] - base_offset  # gaps kept (a compacted read)
         parts: list[bytes | bytearray | memoryview] = [
             b"\x00",  # attributes
             varints[delta] if 0 <= delta < cached else varint(delta),
-            varints[index] if index < cached else varint(index),
+            varints[offset_delta] if offset_delta < cached else varint(offset_delta),
         ]
         if key is None:
             parts.append(NULL_LENGTH)
@@ -220,7 +237,11 @@ def build_fetch_batch(batch: EngineBatch, first: int, count: int) -> bytearray:
         encoded.append((varints[size] if size < cached else varint(size)) + body)
     log_append = batch.timestamp_types[first] == TIMESTAMP_LOG_APPEND_TIME
     built = build_batch(encoded, base_ts, max(stamps), log_append)
-    set_base_offset(built, batch.offsets[first])
+    last_delta = offsets[first + count - 1] - base_offset
+    if last_delta != count - 1:  # offsets with gaps: the header says so, CRC again
+        _LAST_DELTA.pack_into(built, LAST_DELTA_POSITION, last_delta)
+        _CRC.pack_into(built, CRC_POSITION, crc32c(memoryview(built)[ATTRIBUTES_POSITION:]))
+    set_base_offset(built, base_offset)
     return built
 
 
@@ -236,6 +257,9 @@ def _encoded_headers(pairs: Sequence[tuple[str, bytes]]) -> bytes:
 #: Zig-zag varints of 0 .. 16,383, the values most fields of a record take.
 _VARINTS: Final = [zigzag_varint(value) for value in range(1 << 14)]
 NULL_LENGTH: Final = zigzag_varint(-1)
+_LAST_DELTA: Final = struct.Struct(">i")
+LAST_DELTA_POSITION: Final = ATTRIBUTES_POSITION + 2  # after the attributes (int16)
+_CRC: Final = struct.Struct(">I")
 
 
 assert struct.calcsize(">q") + 4 == LOG_OVERHEAD  # base_offset and length precede the rest

@@ -2,8 +2,10 @@
 
 The protocol code (mqstore.broker.handlers) reaches storage through ``PartitionLog``
 only: append a checked producer batch, fetch batches from an offset, the offsets of
-a partition, offsets by time, a long-poll wait, and the topics. One implementation
-exists now, ``RecordLog``, over the engine interface that both engines implement:
+a partition, offsets by time, a long-poll wait, and the topics. ``RecordLog`` is
+the implementation over the engine interface that both engines implement (the
+CommitLog engine's ``ColumnLog`` and the segmented engine's ``SegmentLog`` refine
+it):
 
 - **Produce** (docs/BROKER.md option A, today's per-record model): the batch is
   decoded (inflated if compressed) and its records appended with

@@ -56,6 +56,7 @@ from collections import Counter
 from functools import partial
 from typing import Any, Final
 
+from mqstore.broker.column_log import ColumnLog
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.credentials import CredentialStore
 from mqstore.broker.groups import GroupCoordinator
@@ -142,9 +143,7 @@ class Broker:
         store recorded as a follower at its demotion follows its leader anyway)."""
         self.engine = engine
         self.config = config or BrokerConfig()
-        self.log = log_ or (
-            SegmentLog(engine) if isinstance(engine, SegmentedStore) else RecordLog(engine)
-        )
+        self.log = log_ or _partition_log(engine)
         self.port = self.config.port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -773,6 +772,16 @@ def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(config.tls_cert_path, config.tls_key_path)
     return context
+
+
+def _partition_log(engine: Engine) -> PartitionLog:
+    """The storage adapter of an engine: the segmented engine's stored batches, the
+    CommitLog engine's columnar reads (``get_batch``), else per record."""
+    if isinstance(engine, SegmentedStore):
+        return SegmentLog(engine)
+    if callable(getattr(engine, "get_batch", None)):
+        return ColumnLog(engine)
+    return RecordLog(engine)
 
 
 def _cancel_pending(pending: asyncio.Queue[asyncio.Task[_Response] | None]) -> None:

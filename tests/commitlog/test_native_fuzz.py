@@ -915,6 +915,69 @@ def test_fuzz_record_spans(data: st.DataObject) -> None:
             assert start <= value_start and value_start + max(value_size, 0) <= end
 
 
+@FUZZ
+@given(st.data())
+def test_fuzz_kafka_values(data: st.DataObject) -> None:
+    """record_spans' inputs (random bytes, or a real batch with a byte rewritten, and
+    hostile windows and counts) into kafka_values: C and its twin
+    (mqstore.broker.produce_columns.kafka_values_py) agree, and what C gathers fits."""
+    from mqstore.broker.produce_columns import kafka_values_py
+    from mqstore.segmented import batch_builder
+    from mqstore.segmented import record_batch as rb
+
+    if data.draw(st.booleans()):
+        buffer = data.draw(st.binary(max_size=120))
+    else:
+        keys = data.draw(st.lists(st.none() | st.binary(max_size=9), min_size=1, max_size=4))
+        records = [rb_record(key, data.draw(st.none() | st.binary(max_size=9))) for key in keys]
+        batch = bytearray(batch_builder.build(records, 7, False, 1 << 20).batch)
+        if data.draw(st.booleans()):
+            batch[data.draw(st.integers(rb.HEADER_SIZE, len(batch) - 1))] = data.draw(
+                st.integers(0, 255)
+            )
+        buffer = bytes(batch)
+    length = len(buffer)
+    start = data.draw(mostly(st.integers(0, length), hostile_int))
+    end = data.draw(mostly(st.integers(0, length), hostile_int))
+    count = data.draw(mostly(st.integers(0, 6), hostile_int))
+    last_delta = data.draw(mostly(st.integers(-1, 6), hostile_int))
+    c_out = _c("kafka_values", buffer, start, end, count, last_delta)
+    if all(INT64_MIN <= v <= INT64_MAX for v in (start, end, count, last_delta)):
+        _agree(c_out, _call(kafka_values_py, buffer, start, end, count, last_delta))
+    if c_out[0] == "ok":
+        _, values, offsets = c_out[1]
+        assert len(values) <= max(end - start, 0)
+        assert np.frombuffer(offsets, dtype=np.int64).tolist()[-1] == len(values)
+
+
+@FUZZ
+@given(
+    columns=st.deferred(lambda: _hostile_columns()),
+    first=mostly(st.integers(0, 3), hostile_int),
+    count=mostly(st.integers(1, 3), hostile_int),
+    budget=mostly(st.integers(0, 400), hostile_int),
+)
+def test_fuzz_kafka_batch(columns: tuple[Any, ...], first: int, count: int, budget: int) -> None:
+    """Hostile columns (offsets outside their data or out of order, mangled properties,
+    properties starts anywhere) and hostile first/count/budget into kafka_batch: C
+    returns or raises, and agrees with its twin (fetch_batch.kafka_batch_py)."""
+    from mqstore.broker.fetch_batch import kafka_batch_py
+
+    args = (first, count, budget, True, False, *columns)
+    c_out = _c("kafka_batch", *args)
+    if all(INT64_MIN <= v <= INT64_MAX for v in (first, count, budget)):
+        py_out = _call(kafka_batch_py, *args)
+        assert c_out[0] == py_out[0], (c_out, py_out)
+        if c_out[0] == "ok":
+            assert bytes(c_out[1][0] or b"") == bytes(py_out[1][0] or b"")
+
+
+def _hostile_columns() -> Any:
+    from tests.mqstore.broker.test_fetch_batch import hostile_columns
+
+    return hostile_columns()
+
+
 def rb_record(key: bytes | None, value: bytes | None) -> Any:
     from mqstore.engine import ProducerRecord
 
