@@ -15,6 +15,12 @@
 
 #include <structmember.h> /* PyMemberDef's T_OBJECT, T_PYSSIZET, READONLY (3.11) */
 
+/* A run of fewer records is checked and copied with the GIL held, as xxh64() keeps it
+ * below 4 KiB: a few records take less than a release and re-acquire, and a release
+ * hands the GIL to any thread waiting for it (a point look-up such as the spot check
+ * of offset_for_time would then wait out that thread's turn). */
+#define COLUMNS_GIL_RELEASE_RECORDS_MIN 16
+
 /* What every record of a read_columns run must be (its unit's record), and where. */
 typedef struct {
     const uint8_t *base; /* the file's bytes */
@@ -243,8 +249,12 @@ static PyObject *gather_run(const Expect *e, const Columns *run) {
     Sink key_sink = {(uint8_t *)PyBytes_AS_STRING(keys), key_total, 0};
     Sink extra_sink = {(uint8_t *)PyBytes_AS_STRING(extras), extra_total, 0};
     Py_ssize_t changed;
-    Py_BEGIN_ALLOW_THREADS changed = copy_run(e, run, &body_sink, &key_sink, &extra_sink);
-    Py_END_ALLOW_THREADS
+    if (run->count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) {
+        Py_BEGIN_ALLOW_THREADS changed = copy_run(e, run, &body_sink, &key_sink, &extra_sink);
+        Py_END_ALLOW_THREADS
+    } else {
+        changed = copy_run(e, run, &body_sink, &key_sink, &extra_sink);
+    }
     if (changed >= 0) {
         Py_DECREF(bodies);
         Py_DECREF(keys);
@@ -266,7 +276,8 @@ static PyObject *gather_run(const Expect *e, const Columns *run) {
  * bodies (a null body is empty), the values of the key_name property (empty where
  * none), and each record's tag | keys | properties as stored. Returns (-1,
  * COLUMNS_OK, bodies, keys, extras), or the first bad row, why (COLUMNS_*), and
- * None three times (out is then unspecified). Checks and copies run without the GIL. */
+ * None three times (out is then unspecified). Checks and copies run without the GIL
+ * (from COLUMNS_GIL_RELEASE_RECORDS_MIN records on). */
 PyObject *mqstore_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "read_columns takes 10 arguments");
@@ -298,8 +309,12 @@ PyObject *mqstore_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t
                 key_name.len, (int32_t)queue_id};
     int reason = COLUMNS_OK;
     Py_ssize_t bad;
-    Py_BEGIN_ALLOW_THREADS bad = check_run(&e, &run, checksum, &reason);
-    Py_END_ALLOW_THREADS
+    if (run.count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) {
+        Py_BEGIN_ALLOW_THREADS bad = check_run(&e, &run, checksum, &reason);
+        Py_END_ALLOW_THREADS
+    } else {
+        bad = check_run(&e, &run, checksum, &reason);
+    }
     if (bad >= 0)
         result = Py_BuildValue("(niOOO)", bad, reason, Py_None, Py_None, Py_None);
     else

@@ -67,6 +67,8 @@ PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssi
     int64_t at = start;
     Py_ssize_t count = 0;
     int status = DISPATCH_STOP;
+    TopicMemo memo;
+    topic_memo_init(&memo);
     Py_BEGIN_ALLOW_THREADS
     while (at < stop) {
         if (count == capacity) {
@@ -132,7 +134,7 @@ PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssi
         qid_out[count] = queue_id;
         memcpy(&born_out[count], rec + AT_BORN_TS, 8);
         memcpy(&stored_out[count], rec + AT_STORE_TS, 8);
-        uint64_t topic_hash = xxh64(topic, topic_len, 0);
+        uint64_t topic_hash = topic_memo_hash(&memo, topic, topic_len);
         memcpy(&thash_out[count], &topic_hash, 8); /* the same 64 bits, signed */
         tlen_out[count] = topic_len;
         taglen_out[count] = tag_len;

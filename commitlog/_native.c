@@ -547,6 +547,8 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
     int64_t at = start;
     Py_ssize_t count = 0;
     int status = SCAN_LIMIT;
+    TopicMemo memo;
+    topic_memo_init(&memo);
     Py_BEGIN_ALLOW_THREADS
     while (1) {
         if (count == capacity) {
@@ -610,7 +612,7 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
         memcpy(&qid_out[count], rec + 48, 4);
         memcpy(&ts_out[count], rec + 40, 8);
         tlen_out[count] = topic_len;
-        thash_out[count] = xxh64(topic, topic_len, 0);
+        thash_out[count] = topic_memo_hash(&memo, topic, topic_len);
         count++;
         at += total;
     }

@@ -128,6 +128,30 @@ static inline uint64_t xxh64(const uint8_t *p, size_t len, uint64_t seed) {
     return h;
 }
 
+/* The XXH64 (seed 0) of a run's topics, remembered for the last topic seen: the
+ * records of a run mostly share one topic, and a hash of a few bytes is a serial chain
+ * of multiplies per record (scan_records and dispatch_columns). The bytes are copied,
+ * so a hit is the hash of the bytes compared, whatever the buffer does later. */
+typedef struct {
+    uint8_t bytes[255]; /* a topic is at most 255 bytes (a u8 length) */
+    int len;            /* -1: nothing remembered yet */
+    uint64_t hash;
+} TopicMemo;
+
+static inline void topic_memo_init(TopicMemo *memo) {
+    memo->len = -1;
+    memo->hash = 0;
+}
+
+static inline uint64_t topic_memo_hash(TopicMemo *memo, const uint8_t *topic, uint8_t len) {
+    if (memo->len != (int)len || memcmp(memo->bytes, topic, len) != 0) {
+        memcpy(memo->bytes, topic, len);
+        memo->len = len;
+        memo->hash = xxh64(memo->bytes, len, 0);
+    }
+    return memo->hash;
+}
+
 /* ------------------------------------------------------------------ helpers */
 
 static inline void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }

@@ -400,7 +400,7 @@ class ConsumeQueue:
             self._enter()
             if self._ctx.read_only:
                 queue_shared.refresh_max(self)
-            return queue_time.probe(self, queue_time.offset_for_time(self, timestamp_ms))
+            return queue_time.lookup(self, timestamp_ms)
 
     # ------------------------------------------------ store-wide maintenance
 
@@ -628,6 +628,12 @@ class ConsumeQueue:
         for file_index, unit_in_file, chunk in self._chunks(first, len(batch)):
             units = self._files.units(file_index)
             stored = units.units[unit_in_file : unit_in_file + chunk.stop - chunk.start]
+            if (
+                np.array_equal(stored["commitlog_offset"], batch.commitlog_offsets[chunk])
+                and np.array_equal(stored["size"], batch.sizes[chunk])
+                and np.array_equal(stored["tag_hash"], batch.tag_hashes[chunk])
+            ):
+                continue  # the re-dispatch after a SIGKILL: every unit in place
             written = stored["size"] != 0
             differs = written & (
                 (stored["commitlog_offset"] != batch.commitlog_offsets[chunk])

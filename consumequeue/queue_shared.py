@@ -19,7 +19,7 @@ is not what the run says (truncated or deleted by the writer) reloads the log.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,7 @@ __all__ = [
     "append_limit",
     "low_offset",
     "put_shared",
+    "read_points",
     "read_records",
     "read_timestamps",
     "read_units",
@@ -230,13 +231,19 @@ def read_records(queue: ConsumeQueue, start: int, count: int) -> np.ndarray:
     return _read_with_reload(queue, start, count, "records")
 
 
-def _read_with_reload(queue: ConsumeQueue, start: int, count: int, kind: str) -> np.ndarray:
+def read_points(queue: ConsumeQueue, start: int, count: int) -> list[tuple[int, ...]]:
+    """The same records as Python tuples, for a few units (``point_records``)."""
+    rows: list[tuple[int, ...]] = _read_with_reload(queue, start, count, "point_records")
+    return rows
+
+
+def _read_with_reload(queue: ConsumeQueue, start: int, count: int, kind: str) -> Any:
     """``SharedUnitLog.<kind>`` of the queue's units; once more after a reload when a
     read-only view finds the log changed under it."""
     shared = queue._shared
     assert shared is not None
     try:
-        result: np.ndarray = getattr(shared, kind)(queue.queue_id, start, count)
+        result = getattr(shared, kind)(queue.queue_id, start, count)
     except CorruptDataError:
         _reload_after_change(queue, start, count)
         result = getattr(queue._shared, kind)(queue.queue_id, start, count)

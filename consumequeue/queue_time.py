@@ -8,6 +8,9 @@ entry counts only its units from min_offset on). A look-up is one search over bo
 (``time_search``: a head unit, a block, or none) and, for a block, one scan of its
 timestamps in the time file (``first_reaching``): two C calls when the module is
 built. The CommitLog is never read (the store spot-checks the answer against it).
+``lookup`` gives the answer and the units of that spot check (``probe``) in one pass:
+the Python around the two C calls is most of what a look-up costs, so in the common
+case the two units are read from the file the block scan found, not looked up again.
 
 Reuse: the head is re-read when the run's readable range or the shared generation
 moves; the blocks are rebuilt when min_offset moves, and extended from their last
@@ -33,8 +36,9 @@ from mqstore.consumequeue.time_index import TimeIndex, first_reaching, time_sear
 
 if TYPE_CHECKING:
     from mqstore.consumequeue.consume_queue import ConsumeQueue
+    from mqstore.consumequeue.mapped_file import MappedTimeFile
 
-__all__ = ["TimeProbe", "offset_for_time", "probe"]
+__all__ = ["TimeProbe", "lookup", "offset_for_time", "probe"]
 
 PROBE_UNITS_MAX = 2  # the answer and the unit before it: where a wrong answer shows
 _NO_STAMPS = np.empty(0, dtype=np.int64)
@@ -56,29 +60,61 @@ def offset_for_time(queue: ConsumeQueue, timestamp_ms: int) -> int | None:
     Raises:
         CorruptDataError: a block maximum promises a timestamp its block lacks.
     """
+    return _find(queue, timestamp_ms)[0]
+
+
+def lookup(queue: ConsumeQueue, timestamp_ms: int) -> TimeProbe:
+    """``probe(queue, offset_for_time(queue, timestamp_ms))`` in one pass: when the
+    answer and the unit before it lie in one own file above min_offset (the common
+    case), the two units are read from the file the block scan found, with no second
+    look-up of the run, the files or the bounds.
+
+    Raises:
+        CorruptDataError: as ``offset_for_time`` and ``probe``.
+    """
+    offset, times, position = _find(queue, timestamp_ms)
+    if times is None or position < 1 or offset is None or offset <= queue._min_offset:
+        return probe(queue, offset)
+    file_index = offset // queue._upf
+    rows = queue._files.units(file_index).units[position - 1 : position + 1].tolist()
+    (before, before_size, _), (at, at_size, _) = rows
+    if before_size <= 0 or at_size <= 0:  # a unit below max_offset is never unwritten
+        bad = 0 if before_size <= 0 else 1
+        queue._raise_unwritten(file_index, position - 1 + bad, offset - 1 + bad)
+    stamps = times.times[position - 1 : position + 1].tolist()
+    physicals, sizes = array("q", (before, at)), array("q", (before_size, at_size))
+    return TimeProbe(offset, offset - 1, physicals, sizes, stamps)
+
+
+def _find(queue: ConsumeQueue, timestamp_ms: int) -> tuple[int | None, MappedTimeFile | None, int]:
+    """(answer, the time file whose block scan found it and its index there): the
+    file is None when the answer is a head unit or there is none."""
     index = _index(queue)
     if index is None:
-        return None
+        return None, None, -1
     low, high = queue._min_offset, queue._max_offset
     head_count = len(index.head_max)
     block_count = index.count if low < high else 0
     found = time_search(index.head_max, head_count, index.running_max, block_count, timestamp_ms)
     if found < 0:
-        return None
+        return None, None, -1
     if found < head_count:
-        return index.head_start + found
+        return index.head_start + found, None, -1
     block = index.block_start + found - head_count
-    block_start, block_end = queue._ctx.geometry.block_bounds(block)
+    geometry, upf = queue._ctx.geometry, queue._upf
+    file_index, block_in_file = divmod(block, geometry.blocks_per_file)  # block_bounds, inline
+    block_start = file_index * upf + block_in_file * geometry.interval_units
+    block_end = min(block_start + geometry.interval_units, (file_index + 1) * upf)
     scan_start = max(block_start, low)  # the first block holds units below low
-    file_index, unit_in_file = divmod(scan_start, queue._upf)
+    unit_in_file = scan_start - file_index * upf  # a block never crosses a file
     end_in_file = unit_in_file + min(block_end, high) - scan_start
-    times = queue._files.times(file_index).times
-    position = first_reaching(times, unit_in_file, end_in_file, timestamp_ms)
+    times = queue._files.times(file_index)
+    position = first_reaching(times.times, unit_in_file, end_in_file, timestamp_ms)
     if position >= 0:
-        return file_index * queue._upf + position
+        return file_index * queue._upf + position, times, position
     if block_end < high:
         _raise_bad_block_max(queue, block)
-    return None  # the last block's maximum counts a unit not visible yet
+    return None, None, -1  # the last block's maximum counts a unit not visible yet
 
 
 def _index(queue: ConsumeQueue) -> TimeIndex | None:
@@ -157,10 +193,9 @@ def probe(queue: ConsumeQueue, offset: int | None) -> TimeProbe:
     start = max(low, last - PROBE_UNITS_MAX + 1)
     upf = queue._upf
     file_index, unit_in_file = divmod(start, upf)
-    if last < queue._first_offset:  # in the shared run: one read
-        records = queue_shared.read_records(queue, start, last - start + 1)
-        rows = records[["commitlog_offset", "size"]].tolist()
-        stamps = records["timestamp_ms"].tolist()
+    if last < queue._first_offset:  # in the shared run: one point read
+        rows = queue_shared.read_points(queue, start, last - start + 1)
+        stamps = [timestamp_ms for *_, timestamp_ms in rows]  # SHARED_RECORD's last field
     elif start < queue._first_offset or last // upf != file_index:  # across a boundary
         units = np.concatenate([queue.get_range(at, 1) for at in range(start, last + 1)])
         rows = units[["commitlog_offset", "size"]].tolist()

@@ -449,6 +449,23 @@ class SharedUnitLog:
         units (a copy): units and timestamps in one read."""
         return self._gather(queue_id, start, count)
 
+    def point_records(self, queue_id: int, start: int, count: int) -> list[tuple[int, ...]]:
+        """As ``records``, for the few units of a point read (a time probe): Python
+        tuples of SHARED_RECORD's fields, checked one by one (no numpy temporaries)."""
+        run = self.runs[queue_id]
+        assert run.first_offset <= start and start + count <= run.end
+        rows = []
+        for offset in range(start, start + count):
+            file_index, index = divmod(run.positions[offset - run.first_offset], self._rpf)
+            row = self._map(file_index)[index].item()
+            _, size, _, record_queue_id, record_offset, _ = row  # SHARED_RECORD's fields
+            if record_offset != offset or size <= 0 or record_queue_id != queue_id:
+                raise CorruptDataError(self._path(file_index), index * SHARED_RECORD_SIZE_BYTES,
+                                       f"shared record of queue {queue_id} offset {offset} is "
+                                       "not that unit")  # fmt: skip
+            rows.append(row)
+        return rows
+
     def _gather(self, queue_id: int, start: int, count: int) -> np.ndarray:
         run = self.runs[queue_id]
         assert run.first_offset <= start and start + count <= run.end

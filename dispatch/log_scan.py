@@ -75,6 +75,9 @@ SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue goes with the smal
 # 100 B message run holds ~6 units of each of 10,000 queues.
 PENDING_ROWS_MAX: Final = 1 << 19
 _QUEUE_ID_MASK: Final = 0xFFFF_FFFF  # a queue id in the low half of a grouping key
+#: The dispatch rows a unit is made of, in the order _collect_run unpacks them.
+_UNIT_ROWS: Final = (DISPATCH_QUEUE_OFFSET, DISPATCH_PHYSICAL, DISPATCH_SIZE, DISPATCH_BORN_TS,
+                     DISPATCH_STORE_TS)  # fmt: skip
 
 
 class Parsed(NamedTuple):
@@ -168,6 +171,11 @@ class LogScan:
         self._uses_create_time = uses_create_time
         self._tag_hash = tag_hash
         self._columns: np.ndarray | None = None  # made on first use: most rounds use the feed
+        # The unit columns of a run laid out queue by queue (_collect_run), and the
+        # row numbers 0.. that the layout adds to: made with _columns, reused by every
+        # run (fresh arrays of this size cost a page fault per 4 KiB each time).
+        self._laid: np.ndarray | None = None
+        self._row_numbers: np.ndarray | None = None
         self._topics: dict[bytes, str] = {}
 
     def scan(self, start: int, end: int, hard_end: int, keyed: Keyed) -> Parsed:
@@ -181,6 +189,8 @@ class LogScan:
         """
         if self._columns is None:
             self._columns = new_columns(SCAN_ROWS)
+            self._laid = np.empty((len(_UNIT_ROWS) + 1, SCAN_ROWS), dtype=np.int64)
+            self._row_numbers = np.arange(SCAN_ROWS, dtype=np.int64)
         columns = self._columns
         pending = _Pending()
         position, store_ts_ms, count = start, 0, 0
@@ -228,17 +238,16 @@ class LogScan:
             keys = (topic_of_row.astype(np.int64) << 32) | queue_ids
         create_time = [self._uses_create_time(topic) for topic in topics]
         tags = self._tag_codes(mapped, rows)
-        for key, picked in _groups(keys):
+        assert self._laid is not None and self._row_numbers is not None
+        order, groups = _groups(keys, self._row_numbers)
+        laid = self._lay_out(rows, tags, order, create_time)
+        queue_offsets, physicals, sizes, born, stored, codes = laid
+        for key, lo, hi in groups:
             name = (topics[key >> 32], key & _QUEUE_ID_MASK)
-            times_row = DISPATCH_BORN_TS if create_time[key >> 32] else DISPATCH_STORE_TS
-            pick: slice | np.ndarray = slice(None) if picked is None else picked
-            units = (
-                rows[DISPATCH_QUEUE_OFFSET, pick], rows[DISPATCH_PHYSICAL, pick],
-                rows[DISPATCH_SIZE, pick],
-                np.zeros(len(rows[DISPATCH_SIZE, pick]), np.int64) if tags is None else tags[pick],
-                rows[times_row, pick],
-            )  # fmt: skip
-            if len(units[0]) > SMALL_GROUP_UNITS:  # now, after what the queue had pending
+            times = born if create_time[key >> 32] else stored
+            units = (queue_offsets[lo:hi], physicals[lo:hi], sizes[lo:hi], codes[lo:hi],
+                     times[lo:hi])  # fmt: skip
+            if hi - lo > SMALL_GROUP_UNITS:  # now, after what the queue had pending
                 earlier = pending.queues.pop(name, None)
                 if earlier is not None:
                     pending.rows -= sum(len(chunk[0]) for chunk in earlier)
@@ -256,6 +265,29 @@ class LogScan:
                 keys_raw = mapping[at : at + int(rows[DISPATCH_KEYS_LEN, row])]
                 topic = topics[0 if topic_of_row is None else int(topic_of_row[row])]
                 keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
+
+    def _lay_out(self, rows: np.ndarray, tags: np.ndarray | None, order: np.ndarray | None,
+                 create_time: list[bool]) -> list[np.ndarray]:  # fmt: skip
+        """The unit columns (``_UNIT_ROWS``, then the tag hashes) of a run in ``order``
+        (one gather each into the reused ``_laid``), so that each queue's units are a
+        slice; as they are when order is None. A time row no topic of the run uses is
+        left in run order (``_collect_run`` never reads it)."""
+        assert self._laid is not None
+        count = rows.shape[1]
+        laid = []
+        for at, row in enumerate(_UNIT_ROWS):
+            needed = (row != DISPATCH_BORN_TS or any(create_time)) and (
+                row != DISPATCH_STORE_TS or not all(create_time)
+            )
+            if order is None or not needed:
+                laid.append(rows[row])
+            else:
+                laid.append(np.take(rows[row], order, out=self._laid[at, :count]))
+        if tags is None:
+            laid.append(np.zeros(count, dtype=np.int64))
+        else:
+            laid.append(tags if order is None else np.take(tags, order, out=self._laid[-1, :count]))
+        return laid
 
     def _write(self, pending: _Pending) -> None:
         """Write what ``pending`` holds: a queue with more than SMALL_GROUP_UNITS
@@ -363,23 +395,39 @@ class LogScan:
         return topic
 
 
-def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-    """(key, rows of that key in run order) per distinct key, in order of first
-    appearance; rows None when there is one key. The rows of one put batch are
-    adjacent, so the distinct keys are found among the stretches' first rows."""
+def _groups(
+    keys: np.ndarray, row_numbers: np.ndarray | None = None
+) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+    """The rows grouped by key: ``(order, [(key, lo, hi), ...])``, where
+    ``order[lo:hi]`` are the rows of ``key`` in run order, the keys in order of first
+    appearance; order None when there is one key (every row, in place).
+
+    The rows of one put batch are adjacent, so the work is per stretch of one key, not
+    per row: the stretches are sorted by key (few), and ``order`` is laid out from
+    them with one repeat (no sort of the rows). ``row_numbers`` (0, 1, ... at least as
+    many as keys) saves making them."""
+    count = len(keys)
     starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
     if not len(starts):
-        return [(int(keys[0]), None)]
+        return None, [(int(keys[0]), 0, count)]
     starts = np.concatenate(([0], starts))
+    lengths = np.diff(np.append(starts, count))
     distinct, first_stretch, group_of_stretch = np.unique(
         keys[starts], return_index=True, return_inverse=True
     )
-    lengths = np.diff(np.append(starts, len(keys)))
-    group_of_row = np.repeat(group_of_stretch.astype(np.int32), lengths)
-    by_appearance = np.argsort(first_stretch, kind="stable").tolist()
-    order = np.argsort(group_of_row, kind="stable")  # timsort: linear on stretches
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(group_of_row, minlength=len(distinct)))))
-    return [(int(distinct[g]), order[bounds[g] : bounds[g + 1]]) for g in by_appearance]
+    by_group = np.argsort(group_of_stretch, kind="stable")  # run order within a group
+    laid_lengths = lengths[by_group]
+    laid_ends = np.cumsum(laid_lengths)  # where each stretch ends in the layout
+    order = np.repeat(starts[by_group] - (laid_ends - laid_lengths), laid_lengths)
+    order += np.arange(count) if row_numbers is None else row_numbers[:count]
+    laid_groups = group_of_stretch[by_group]  # 0, 0, 1, ...: every group has a stretch
+    group_ends = laid_ends[np.append(laid_groups[1:] != laid_groups[:-1], True)]
+    bounds_list = [0, *group_ends.tolist()]
+    keys_list = distinct.tolist()
+    return order, [
+        (keys_list[g], bounds_list[g], bounds_list[g + 1])
+        for g in np.argsort(first_stretch, kind="stable").tolist()
+    ]
 
 
 def _why_unparsable(mapped: MappedFile, in_file: int, hard_end: int) -> str:

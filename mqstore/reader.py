@@ -220,10 +220,12 @@ class StoreReader:
             stop = at + 1
             while stop < count and physicals[stop] < file_end:  # units are in log order
                 stop += 1
+            whole = at == 0 and stop == count  # one file (a time probe's two units): no copies
             try:
                 stamps += read_run_timestamps(
-                    mapped.mapping, mapped.path, mapped.start_offset, physicals[at:stop],
-                    sizes[at:stop], topic, queue_id, start + at, create_time=create_time,
+                    mapped.mapping, mapped.path, mapped.start_offset,
+                    physicals if whole else physicals[at:stop], sizes if whole else sizes[at:stop],
+                    topic, queue_id, start + at, create_time=create_time,
                 )  # fmt: skip
             except ValueError:
                 if not mapped.mapping.closed:

@@ -317,6 +317,26 @@ def test_scan_records_refuses_bad_text() -> None:
         assert c_out[:3] == (0, 0, record.SCAN_INVALID)
 
 
+@native
+@settings(max_examples=100)
+@given(st.lists(st.sampled_from(["ab", "ba", "abc", "a", "x" * 127]), min_size=1, max_size=12))
+def test_scan_records_hashes_each_records_topic(topics: list[str]) -> None:
+    """The scan remembers the last topic's hash (a run mostly holds one topic): a
+    different topic, of the same length or not, next to it or after it, still gets its
+    own XXH64, in C as in Python."""
+    buffer = bytearray(64 * 1024)
+    at = 0
+    for index, topic in enumerate(topics):
+        encoded = _encoded(topic, [(b"body", [], None, None, None)])
+        topic_b, positions = record.validate_topic(topic), np.zeros(1, np.int64)
+        record.encode_run_py(buffer, at, len(buffer), at, index, 1, 0, topic_b, encoded, 0,
+                             positions)  # fmt: skip
+        at += encoded[0][0]
+    c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, len(topics) + 1)
+    assert c_out == py_out
+    assert c_out[3][6] == [xxhash.xxh64_intdigest(topic.encode()) for topic in topics]
+
+
 # ---------------------------------------------------------------- memory safety (issue 13)
 # Each test below failed (most by killing the process) against the C module as it was
 # before the checks: see docs/RELIABILITY.md. Wrapping values are the point: an int64

@@ -24,7 +24,12 @@ from mqstore.consumequeue import (
     queue_time,
     time_index,
 )
-from mqstore.consumequeue.format import block_max_position_bytes, time_file_name, unit_file_name
+from mqstore.consumequeue.format import (
+    UNIT,
+    block_max_position_bytes,
+    time_file_name,
+    unit_file_name,
+)
 
 StoreFactory = Callable[..., ConsumeQueueStore]
 UPF = 8  # units per file (the conftest default): blocks and files roll often
@@ -204,3 +209,28 @@ def test_a_block_maximum_without_its_timestamp_is_corrupt(
         queue.offset_for_time(62)
     assert raised.value.path == path
     assert queue.offset_for_time(20) == 1  # before it: still answered
+
+
+@pytest.mark.parametrize("lost", [4, 5])
+def test_an_unwritten_probed_unit_is_corrupt(
+    open_store: StoreFactory, search: str, lost: int
+) -> None:
+    """A lost page zeroed the answer's unit or the one before it (the probe's two units,
+    read from the file the block scan found): CorruptDataError, never a probe that the
+    store's spot check would then read garbage for."""
+    store = open_store(shared_units_max=0)
+    queue = store.queue("t", 0)
+    stamps = list(range(10, 10 + 2 * UPF))
+    append(queue, 0, stamps)
+    store.close()
+    path = f"{queue.directory}/{unit_file_name(0, UPF)}"
+    with open(path, "r+b") as file:
+        file.seek(lost * UNIT.itemsize)
+        file.write(bytes(UNIT.itemsize))
+    queue = open_store(shared_units_max=0).queue("t", 0)
+    assert queue.max_offset == 2 * UPF
+    assert queue.offset_for_time(stamps[5]) == 5  # the search reads timestamps only
+    with pytest.raises(CorruptDataError, match="unwritten"):
+        queue.time_probe(stamps[5])
+    probe = queue.time_probe(stamps[7])  # units 6 and 7 are intact
+    assert (probe.offset, probe.start, probe.timestamps_ms) == (7, 6, stamps[6:8])

@@ -403,3 +403,27 @@ def test_records_at_finds_each_commitlog_offset_across_files(tmp_path: Any) -> N
     empty, _ = shared.records_at(np.empty(0, dtype=np.int64))
     assert not len(empty)
     shared.close()
+
+
+def test_point_records_are_the_records_as_tuples(tmp_path: Any) -> None:
+    """The point read of a time probe gives what ``records`` gives, across files, and
+    refuses a record that is not the queue's unit as ``records`` does."""
+    shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
+    rows = [(q % 3, q // 3, 100 + 2 * q, 50 + q, 7, 1000 + q) for q in range(12)]  # 3 files
+    assert shared.append(*_columns(rows)) == 12  # type: ignore[arg-type]
+    for queue_id in range(3):
+        for start in range(4):
+            for count in range(5 - start):
+                expected = shared.records(queue_id, start, count).tolist()
+                assert shared.point_records(queue_id, start, count) == expected
+    assert shared.point_records(1, 2, 1) == [(100 + 2 * 7, 57, 7, 1, 2, 1007)]
+    path = os.path.join(str(tmp_path / ".shared"), _name(1))
+    with open(path, "r+b") as file:  # under the open log: record 7 (queue 1 offset 2)
+        file.seek(2 * SHARED_RECORD_SIZE_BYTES + 24)  # now claims offset 9
+        file.write((9).to_bytes(8, "little"))
+    try:
+        for read in (shared.records, shared.point_records):
+            with pytest.raises(CorruptDataError, match="queue 1 offset 2 is not that unit"):
+                read(1, 1, 2)
+    finally:
+        shared.close()

@@ -61,3 +61,24 @@ def test_batch_converts_and_slices() -> None:
 def test_batch_rejects(overrides: dict[str, object]) -> None:
     with pytest.raises(InvalidArgumentError):
         UnitBatch.of(**columns(**overrides))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("offsets", "reason"),
+    [
+        ([-30, -20, -10], "commitlog_offsets holds values outside"),  # increasing: first
+        ([10, -5, 30], "commitlog_offsets holds values outside"),  # not increasing: min
+        ([10, 5, 30], "must strictly increase"),
+        ([-1], "commitlog_offsets holds values outside"),
+    ],
+)
+def test_batch_names_the_first_broken_rule(offsets: list[int], reason: str) -> None:
+    """The range is read from the ends when the offsets increase (a pass less), from
+    every offset when not; a range error comes before an order error, as it always did."""
+    count = len(offsets)
+    given = columns(
+        commitlog_offsets=np.array(offsets), sizes=np.ones(count, np.int64),
+        tag_hashes=np.zeros(count, np.int64), timestamps_ms=np.full(count, 5),
+    )  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=reason):
+        UnitBatch.of(**given)  # type: ignore[arg-type]

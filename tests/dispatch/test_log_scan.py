@@ -300,8 +300,24 @@ def test_sigkill_mid_write_keeps_every_acknowledged_message(scan, tmp_path, size
 
 def test_groups_keep_run_order_per_key():
     keys = np.array([5, 5, 2, 2, 5, 9, 2, 2, 9], dtype=np.int64)
-    groups = log_scan._groups(keys)
-    assert [(key, rows.tolist()) for key, rows in groups if rows is not None] == [
+    order, groups = log_scan._groups(keys)
+    assert order is not None
+    assert [(key, order[lo:hi].tolist()) for key, lo, hi in groups] == [
         (5, [0, 1, 4]), (2, [2, 3, 6, 7]), (9, [5, 8]),
     ]  # fmt: skip
-    assert log_scan._groups(np.array([3, 3, 3], dtype=np.int64)) == [(3, None)]
+    assert log_scan._groups(np.array([3, 3, 3], dtype=np.int64)) == (None, [(3, 0, 3)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=30))
+def test_groups_match_a_dict_of_lists(stretches: list[tuple[int, int]]) -> None:
+    """The layout from stretches (a repeat, no sort of the rows) holds each key's rows in
+    run order, the keys in order of first appearance, as a dict of lists does."""
+    keys = np.array([key for key, length in stretches for _ in range(length)], dtype=np.int64)
+    model: dict[int, list[int]] = {}
+    for row, key in enumerate(keys.tolist()):
+        model.setdefault(key, []).append(row)
+    for row_numbers in (None, np.arange(len(keys) + 7, dtype=np.int64)):
+        order, groups = log_scan._groups(keys, row_numbers)
+        laid = np.arange(len(keys)) if order is None else order
+        assert [(key, laid[lo:hi].tolist()) for key, lo, hi in groups] == list(model.items())
