@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck unit unit-pure sanitize sanitize-full fuse-deps kcat-deps powerloss soak pipeline bench bench-full bench-spark clean
+.PHONY: demo test lint typecheck unit unit-pure sanitize sanitize-full fuse-deps kcat-deps powerloss soak chaos pipeline bench bench-full bench-spark clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,12 @@ powerloss: $(STAMP) fuse-deps
 soak: $(STAMP)
 	$(PY) -m bench.crash_harness --iterations 500 --json bench/results/crash_harness.json
 	$(PY) -m bench.soak --minutes 10 --json bench/results/soak.json
+
+# Issue 18's chaos suite (bench/chaos.py): 10 minutes per seed of SIGKILLs, SIGSTOPs,
+# cuts of the replication link and power cuts under acks=all producers and a consumer
+# group; fails on any anomaly. make test runs a 60 s version (tests/bench/test_chaos.py).
+chaos: $(BENCH_STAMP) fuse-deps
+	$(PY) -m bench.chaos --seconds 600 --seed 1 2 3 --bootstrap leader --out bench/results/chaos.json
 
 # Events from a service -> Spark structured streaming (windowed counts) -> a topic -> a consumer.
 pipeline: $(STAMP)

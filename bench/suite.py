@@ -41,6 +41,11 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
         ["--rounds", "3", "--records", "10000000", "--keys", "1000000"],
     ),
     ("replication", ["--mib", "1024", "--rounds", "3"], ["--mib", "1024", "--rounds", "5"]),
+    (
+        "chaos",
+        ["--seconds", "120", "--bootstrap", "leader"],
+        ["--seconds", "600", "--seed", "1", "2", "3", "--bootstrap", "leader"],
+    ),
 )
 
 
