@@ -34,6 +34,7 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
     ("broker", ["--rounds", "3"], ["--rounds", "5"]),
     ("broker_fetch", ["--rounds", "3", "--profile"], ["--rounds", "5", "--profile"]),
     ("broker_longpoll", ["--rounds", "5"], ["--rounds", "9"]),
+    ("producer_state", ["--rounds", "5"], ["--rounds", "9"]),
     ("broker_soak", ["--minutes", "1"], ["--minutes", "10"]),
     (
         "compaction",

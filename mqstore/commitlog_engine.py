@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, UnknownTopicError
+from mqstore.commitlog.errors import (
+    InvalidArgumentError,
+    InvalidRecordError,
+    InvalidTypeError,
+    UnknownTopicError,
+)
 from mqstore.commitlog.record import validate_topic
 from mqstore.engine import (
     TIMESTAMP_CREATE_TIME,
@@ -39,8 +44,9 @@ from mqstore.engine import (
     EngineRecord,
     ProducerRecord,
 )
+from mqstore.internal_log import INTERNAL_TOPICS, OFFSETS_TOPIC, PRODUCERS_TOPIC, InternalLog
 from mqstore.message import Message
-from mqstore.offsets import OffsetStore
+from mqstore.offsets_log import LogOffsetStore
 from mqstore.retention import hours_to_ms
 from mqstore.topics import (
     PARTITIONS_MAX,
@@ -76,7 +82,7 @@ READ_RECORDS_MAX = 10_000  # bounded like MessageStore.get
 class CommitLogEngine:
     """Mixed into MessageStore: the engine interface."""
 
-    _offset_store: OffsetStore | None = None
+    _offset_store: LogOffsetStore | None = None
     _described: dict[str, tuple[TopicConfig, TopicConfig]]  # name: (registry's, described)
 
     if TYPE_CHECKING:  # what MessageStore provides
@@ -135,10 +141,58 @@ class CommitLogEngine:
         def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None: ...
 
     @property
-    def offsets(self) -> OffsetStore:
+    def offsets(self) -> LogOffsetStore:
+        """Committed consumer offsets, kept in the log (mqstore.offsets_log)."""
         if self._offset_store is None:
-            self._offset_store = OffsetStore(self.root, self.read_only)
+            offset_log = self._internal_log(OFFSETS_TOPIC, durable=True)
+            self._offset_store = LogOffsetStore(self.root, offset_log, self.read_only)
         return self._offset_store
+
+    def reload_offsets(self) -> int:
+        """Rebuild the committed offsets from the log (after a promotion or a
+        truncation: the replication code calls it); returns the records read."""
+        if not self.read_only:
+            self._catch_up()  # every replicated record in its ConsumeQueue first
+        return self.offsets.reload()
+
+    @property
+    def producer_log(self) -> InternalLog:
+        """The idempotent producers' state topic, for the broker (mqstore.broker.producers)."""
+        return self._internal_log(PRODUCERS_TOPIC, durable=False)
+
+    def _internal_log(self, topic: str, durable: bool) -> InternalLog:
+        """An internal topic (mqstore.internal_log): one partition, compacted.
+        ``durable``: its appends return once flushed, whatever the flush mode."""
+
+        def append(records: Sequence[tuple[bytes, bytes | None]]) -> None:
+            if self.topics.get(topic) is None:  # its users serialize their appends
+                self.create_topic(topic, 1, cleanup_policy="compact")
+            if len(records) == 1:  # one producer's state after each batch: put's path
+                key, value = records[0]
+                self.put(topic, 0, value, properties=[(KEY_PROPERTY, key)])
+            else:
+                self.put_batch(
+                    topic,
+                    0,
+                    [value for _, value in records],
+                    properties=[[(KEY_PROPERTY, key)] for key, _ in records],
+                )
+            if durable and self.config.flush_mode != "sync":  # sync: put_batch waited
+                self.commitlog.flush_to(self.commitlog.write_position)
+
+        def read(offset: int) -> EngineBatch:
+            return self.read_batch(topic, 0, offset, READ_RECORDS_MAX)
+
+        def bounds() -> tuple[int, int]:
+            try:
+                self._partition(topic, 0)
+            except UnknownTopicError:
+                return 0, 0
+            return self.min_offset(topic, 0), self.max_offset(topic, 0)
+
+        return InternalLog(
+            append=append, read=read, bounds=bounds, is_follower=lambda: self.commitlog.is_follower
+        )
 
     # ------------------------------------------------------------------ topics
 
@@ -224,9 +278,10 @@ class CommitLogEngine:
         return self._open_compaction().compact(topic)
 
     def list_topics(self) -> dict[str, TopicConfig]:
+        """Every topic but the internal ones (``INTERNAL_TOPICS``), as Kafka lists."""
         if self.read_only:
             self.topics.refresh()
-        return self.topics.all()
+        return {n: c for n, c in self.topics.all().items() if n not in INTERNAL_TOPICS}
 
     def describe_topic(self, name: str) -> TopicConfig:
         """The topic's config, with the retention in force (``effective_*``).
@@ -391,6 +446,8 @@ class CommitLogEngine:
         if not records:
             return []
         if config.compacted:
+            if topic in INTERNAL_TOPICS:  # only the store writes them
+                raise InvalidRecordError(f"{topic} is an internal topic: it takes no records")
             check_keyed(topic, records)  # Kafka's INVALID_RECORD
         log_append = config.timestamp_type == "LogAppendTime"
         if len(records) == 1:  # the per-message path skips the batch machinery

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import attrs
 
 from mqstore.commitlog.columns import tuples
-from mqstore.offsets import OffsetStore
+from mqstore.offsets import CommittedOffsets
 from mqstore.topics import TopicConfig
 
 __all__ = ["AppendedRecord", "Engine", "EngineBatch", "EngineRecord", "ProducerRecord"]
@@ -109,7 +109,7 @@ class Engine(Protocol):
     """What ``KafkaProducer(store)`` and ``KafkaConsumer(store=store)`` need."""
 
     @property
-    def offsets(self) -> OffsetStore: ...
+    def offsets(self) -> CommittedOffsets: ...
 
     def create_topic(
         self,

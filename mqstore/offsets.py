@@ -17,7 +17,8 @@ import json
 import os
 import re
 import threading
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
 
 from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.commitlog.durable import makedirs_durable
@@ -28,7 +29,7 @@ from mqstore.commitlog.errors import (
     ReadOnlyStoreError,
 )
 
-__all__ = ["OffsetStore", "validate_group"]
+__all__ = ["CommittedOffsets", "OffsetStore", "validate_group"]
 
 FORMAT: Final = "mqstore-offsets"
 VERSION: Final = 1
@@ -46,8 +47,20 @@ def validate_group(group: object) -> str:
     return group
 
 
+class CommittedOffsets(Protocol):
+    """What an engine's ``offsets`` offers: these side files (the segmented engine)
+    or the log (the CommitLog engine: mqstore.offsets_log.LogOffsetStore)."""
+
+    def load(self, group: str) -> dict[tuple[str, int], tuple[int, str]]: ...
+
+    def commit(self, group: str, offsets: Mapping[tuple[str, int], tuple[int, str]]) -> None: ...
+
+    def groups(self) -> list[str]: ...
+
+
 class OffsetStore:
-    """Committed offsets of every group of one store."""
+    """Committed offsets of every group of one store, one file per group (the
+    segmented engine's; the CommitLog engine keeps them in its log)."""
 
     def __init__(self, root: str, read_only: bool) -> None:
         self.directory = os.path.join(root, "offsets")
@@ -89,7 +102,7 @@ class OffsetStore:
             raise CorruptDataError(path, 0, "malformed offsets") from None
         return result
 
-    def commit(self, group: str, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
+    def commit(self, group: str, offsets: Mapping[tuple[str, int], tuple[int, str]]) -> None:
         """Merge ``offsets`` into the group's committed offsets, atomically."""
         if self.read_only:  # a caller can do this: never an assert (python -O drops it)
             raise ReadOnlyStoreError("the store is open read-only: cannot commit offsets")

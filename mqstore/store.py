@@ -11,7 +11,8 @@ On disk (one store = one directory)::
     <root>/commitlog/    the CommitLog files
     <root>/consumequeue/ per topic and queue
     <root>/index/        key index files
-    <root>/offsets/      committed consumer offsets (the Kafka-style adapter)
+    <root>/offsets/      consumer offsets of an older version, imported into the log at
+                         open (records of __consumer_offsets: mqstore.offsets_log)
     <root>/inbox/        spool files other processes hand to the writer (mqstore.inbox)
     <root>/notify        the dispatch sequence followers sleep on (dispatch/notify.py)
 

@@ -22,11 +22,13 @@ known only by its committed offsets (after a restart, or an embedded consumer's)
 as Kafka answers a group with no members: state Empty, protocol type "consumer".
 
 Committed offsets are not kept here: OffsetCommit checks the member's generation
-with ``commit_allowed`` and stores the offsets in the engine's OffsetStore, so
-embedded consumers and wire clients of a group see the same ones.
+with ``commit_allowed`` and stores the offsets through the engine's ``offsets`` (on
+the CommitLog engine, records of its internal ``__consumer_offsets`` topic:
+mqstore.offsets_log), so embedded consumers and wire clients of a group see the same
+ones, and a follower that copies the log has them too.
 
 Crash policy: group membership lives in memory; after a restart members get
-UNKNOWN_MEMBER_ID and re-join (committed offsets are on disk).
+UNKNOWN_MEMBER_ID and re-join (committed offsets are in the log).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from kafka.protocol.consumer import (
 from mqstore.broker.config import BrokerConfig
 from mqstore.broker.protocol import ErrorCode
 from mqstore.commitlog.errors import StoreError
-from mqstore.offsets import OffsetStore, validate_group
+from mqstore.offsets import CommittedOffsets, validate_group
 
 __all__ = ["GroupCoordinator"]
 
@@ -118,7 +120,7 @@ class GroupCoordinator:
     def __init__(
         self,
         config: BrokerConfig,
-        offsets: OffsetStore | None = None,
+        offsets: CommittedOffsets | None = None,
         executor: concurrent.futures.Executor | None = None,
     ) -> None:
         """``offsets``: where groups known only by committed offsets are listed (a

@@ -2,7 +2,7 @@
 object in, response object out (mqstore.broker.protocol encodes it).
 
 Each handler reaches storage through ``PartitionLog`` (mqstore.broker.log) and the
-engine's ``OffsetStore``, and turns every store error into Kafka's error code for
+engine's ``offsets``, and turns every store error into Kafka's error code for
 the partition, topic or group it concerns: a bad partition never fails the others
 of its request, and no handler lets a StoreError escape. An exception that is not a
 StoreError is a bug; the server logs it and closes that one connection.
@@ -47,7 +47,8 @@ from mqstore.commitlog.errors import (
     UnknownTopicError,
 )
 from mqstore.commitlog.record import validate_topic
-from mqstore.offsets import OffsetStore, validate_group
+from mqstore.internal_log import INTERNAL_TOPICS, InternalLog
+from mqstore.offsets import CommittedOffsets, validate_group
 from mqstore.replication.leader import ReplicaLeader
 from mqstore.segmented.file_records import FileSlices
 from mqstore.topics import (
@@ -132,14 +133,17 @@ class Handlers:
     def __init__(
         self,
         log_: PartitionLog,
-        offsets: OffsetStore,
+        offsets: CommittedOffsets,
         config: BrokerConfig,
         port: int,
         *,
         state_directory: str | None = None,
+        producer_log: InternalLog | None = None,
     ) -> None:
-        """``state_directory``: where the idempotent producers' journal lives (the
-        store's root); None keeps that state in memory only.
+        """``producer_log``: the engine's topic for the idempotent producers' state
+        (the CommitLog engine's, so followers have it); else ``state_directory``:
+        where their journal lives (the store's root); None for both keeps that
+        state in memory only.
 
         Raises:
             StoreError: the journal cannot be written.
@@ -149,7 +153,7 @@ class Handlers:
         self.config = config
         self.port = port
         self.producer_ids = ProducerIds()
-        self.producers = ProducerState(state_directory)
+        self.producers = ProducerState(state_directory, producer_log)
         self.producers.prune(self._end_offset)
         #: True while the engine is a replication follower: writes are refused with
         #: NOT_LEADER_OR_FOLLOWER (the Broker sets it; mqstore.replication).
@@ -176,6 +180,14 @@ class Handlers:
             return self.log.high_watermark(topic, partition)
         except StoreError:
             return None
+
+    def reload_producers(self) -> int:
+        """Rebuild the idempotent producers' state from the log (after a promotion
+        or a truncation; on the produce thread, or while it is idle). Returns the
+        records read (0 when the state is not in the log)."""
+        folded = self.producers.reload()
+        self.producers.prune(self._end_offset)
+        return folded
 
     def close(self) -> None:
         """Write the producers' state out (after the produce thread stopped)."""
@@ -223,6 +235,14 @@ class Handlers:
         leader: tuple[int, str, int] | None,
     ) -> Any:  # fmt: skip
         config = topics.get(name)
+        internal = name in INTERNAL_TOPICS  # not listed, but answered when named, as Kafka
+        if config is None and internal:
+            try:
+                config = self.log.describe_topic(name)
+            except StoreError:  # not made yet (the first commit makes it): never by a client
+                return _MetadataTopic(
+                    error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]
+                )
         if config is None:
             try:
                 validate_topic(name)
@@ -251,7 +271,7 @@ class Handlers:
             )
             for index in range(config.partitions)
         ]
-        return _MetadataTopic(error_code=0, name=name, is_internal=False, partitions=partitions)
+        return _MetadataTopic(error_code=0, name=name, is_internal=internal, partitions=partitions)
 
     def _create(self, name: str, partitions: int, timestamp_type: str) -> Any:
         """Create a topic; one created meanwhile (another connection) is returned."""
@@ -515,8 +535,8 @@ class Handlers:
         """Commit (``group_error`` is the coordinator's verdict on the member)."""
         code = group_error
         if code == 0 and self.is_follower():
-            # Offsets are not replicated yet (docs/REPLICATION.md): a commit here
-            # would be lost, or would overwrite newer ones after a failover.
+            # Offsets are records of the leader's log (mqstore.offsets_log): a
+            # follower takes them only from its leader, as Kafka's do.
             code = ErrorCode.NOT_LEADER_OR_FOLLOWER
         if code == 0:
             try:

@@ -10,16 +10,33 @@ topic, partition):
 - any other sequence is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is
   INVALID_PRODUCER_EPOCH; a newer epoch must start again at sequence 0.
 
-Persistence: a journal, ``broker-producers.log`` in the store's root. Every appended
+Persistence, on the CommitLog engine: through the log (``log``), so a follower
+that copies the CommitLog holds the same state and, promoted, answers a retried
+batch as the old leader would (duplicate -> its original offsets). Right after each
+appended batch, the producer's entry (its epoch and remembered batches) is appended
+as one record of the internal compacted topic ``__mqstore_producer_state``
+(mqstore.internal_log), keyed by (producer id, topic, partition)::
+
+    key   (big-endian): producer_id i64 | partition i32 | topic (utf-8, the rest)
+    value (big-endian): epoch i16 | batches u8 | batches x (first_sequence i32
+                        | last_sequence i32 | base_offset i64), oldest first
+
+The log is prefix-closed, so "the entry's record is durable" implies "its batch is
+durable": the state never names a batch the log lost. The window between the two
+appends stays: a SIGKILL or power cut between them forgets that batch's sequence,
+and a retry of it is appended again (Kafka closes it by carrying the producer id and
+sequence in the batch header itself). The state is folded from the topic when the
+broker starts and by ``reload`` (after a promotion or a truncation); compaction
+keeps one record per key. A journal left by an older version (below) is imported
+into the topic once and removed.
+
+Persistence, on the segmented engine (its own logs are per partition): a journal,
+``broker-producers.log`` in the store's root. Every appended
 batch adds one record to it right after the engine's append returns (one ``write``
 on the produce thread, which the page cache keeps across a SIGKILL); at open the
 journal is replayed, and it is compacted (rewritten with the remembered batches
 only, to a temporary file, fsynced, renamed over, the directory fsynced) at open, at
-close and whenever it passes ``JOURNAL_BYTES_MAX``. A journal rather than producer
-properties on every stored record: the records stay what the producer sent (no
-extra properties on each record a consumer reads, the same bytes on both engines),
-and the journal costs 40 bytes and one ``write`` per batch, not per record.
-Record layout (big-endian)::
+close and whenever it passes ``JOURNAL_BYTES_MAX``. Record layout (big-endian)::
 
     crc32 u32 (zlib, of what follows) | producer_id i64 | epoch i16 | partition i32
     | first_sequence i32 | last_sequence i32 | base_offset i64 | topic_bytes u16
@@ -30,8 +47,8 @@ last write); what it held is forgotten, as an unknown producer is. Batches whose
 base offset is at or past the partition's end after a crash (the engine lost them:
 a power cut under async flush) are dropped by ``prune``. The window between the
 engine's append and the journal write is one ``write`` call: a SIGKILL inside it
-forgets that one batch, and its retry would be appended again (Kafka closes it by
-rebuilding from batch headers in the log, which the B2 mapping brings). Producer
+forgets that one batch, and its retry would be appended again. A record of the
+state topic that does not decode is skipped and counted (``malformed``). Producer
 ids stay unique across restarts: they start from the wall clock.
 
 Not thread-safe: the broker calls it from its one produce thread only (and
@@ -51,6 +68,7 @@ from typing import Final, NamedTuple
 
 from mqstore.commitlog.durable import fsync_directory, fsync_file
 from mqstore.commitlog.errors import StoreError
+from mqstore.internal_log import PRODUCERS_TOPIC, InternalLog
 
 __all__ = [
     "BATCHES_REMEMBERED",
@@ -71,6 +89,13 @@ JOURNAL_BYTES_MAX: Final = 8 << 20
 JOURNAL_RECORD: Final = struct.Struct(">IqhiiiqH")
 assert JOURNAL_RECORD.size == 36
 _CRC_BYTES: Final = 4
+
+#: The state topic's key before the topic's UTF-8 bytes: producer_id, partition.
+STATE_KEY: Final = struct.Struct(">qi")
+#: The state topic's value: epoch, batch count, then STATE_BATCH per batch.
+STATE_HEAD: Final = struct.Struct(">hB")
+STATE_BATCH: Final = struct.Struct(">iiq")  # first_sequence, last_sequence, base_offset
+assert STATE_KEY.size == 12 and STATE_HEAD.size == 3 and STATE_BATCH.size == 16
 
 BATCHES_REMEMBERED: Final = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SEQUENCE_MODULUS: Final = 1 << 31  # sequences are int32 and wrap to 0
@@ -115,22 +140,101 @@ class ProducerIds:
 
 
 class ProducerState:
-    """Sequence state per (producer id, topic, partition), journaled in ``directory``
-    when one is given (see the module docstring), else in memory only."""
+    """Sequence state per (producer id, topic, partition), kept in the log when
+    ``log`` is given, else journaled in ``directory`` when one is given (see the
+    module docstring), else in memory only."""
 
-    def __init__(self, directory: str | None = None) -> None:
-        """Replay and compact the journal in ``directory`` (None: memory only).
+    def __init__(self, directory: str | None = None, log: InternalLog | None = None) -> None:
+        """Fold the state topic (``log``), or replay and compact the journal in
+        ``directory`` (None for both: memory only). With ``log``, a journal found in
+        ``directory`` is imported into the topic once and removed.
 
         Raises:
             StoreError: the journal cannot be rewritten (a read-only or full disk).
         """
         self._entries: dict[tuple[int, str, int], _Entry] = {}
+        self._log = log
         self._path = None if directory is None else os.path.join(directory, JOURNAL_NAME)
         self._fd = -1
         self._journal_bytes = 0
-        if self._path is not None:
+        self.malformed = 0  # state records skipped because they did not decode
+        if log is not None:
+            self._fold()
+            if self._path is not None and not log.is_follower():
+                self._import_journal(self._path)
+            self._path = None  # never journaled to a file again
+        elif self._path is not None:
             self._replay(self._path)
             self._compact()
+
+    def reload(self) -> int:
+        """Rebuild the state from the log (after a promotion or a truncation);
+        returns the records folded (0 without a log)."""
+        if self._log is None:
+            return 0
+        self._entries.clear()
+        return self._fold()
+
+    def _fold(self) -> int:
+        """Apply every record of the state topic, oldest first."""
+        assert self._log is not None
+        offset, latest = self._log.bounds()
+        folded = 0
+        while offset < latest:
+            batch = self._log.read(offset)
+            if not len(batch):
+                break  # the rest is not dispatched yet
+            for key, value in zip(batch.keys, batch.values, strict=True):
+                self._apply(key, value)
+            folded += len(batch)
+            offset = batch.offsets[-1] + 1
+        return folded
+
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        try:
+            if key is None:
+                raise ValueError("no key")
+            pid, partition = STATE_KEY.unpack_from(key, 0)
+            topic = bytes(key[STATE_KEY.size :]).decode()
+            if value is None:
+                self._entries.pop((pid, topic, partition), None)
+                return
+            epoch, count = STATE_HEAD.unpack_from(value, 0)
+            if len(value) != STATE_HEAD.size + count * STATE_BATCH.size or count == 0:
+                raise ValueError(f"{len(value)} bytes for {count} batches")
+            batches = [
+                STATE_BATCH.unpack_from(value, STATE_HEAD.size + i * STATE_BATCH.size)
+                for i in range(count)
+            ]
+        except (struct.error, UnicodeDecodeError, ValueError) as error:
+            self.malformed += 1
+            log.warning("%s: a record that does not decode skipped: %s", PRODUCERS_TOPIC, error)
+            return
+        self._entries.pop((pid, topic, partition), None)  # the newest record goes last
+        for first, last, base in batches[-BATCHES_REMEMBERED:]:
+            self._remember(pid, epoch, topic, partition, first, last, base)
+
+    def _import_journal(self, path: str) -> None:
+        """Append the entries of an older version's journal to the log, then remove it."""
+        if not os.path.exists(path):
+            return
+        self._replay(path)
+        try:
+            for key in list(self._entries):
+                self._write_entry(key)
+            os.unlink(path)
+            fsync_directory(os.path.dirname(path))
+        except (OSError, StoreError) as error:
+            log.warning("producer journal %s not imported: %s", path, error)
+
+    def _write_entry(self, key: tuple[int, str, int]) -> None:
+        """Append one producer's entry to the state topic (raises StoreError)."""
+        assert self._log is not None
+        entry = self._entries[key]
+        pid, topic, partition = key
+        parts = [STATE_HEAD.pack(entry.epoch, len(entry.batches))]
+        parts += [STATE_BATCH.pack(*batch) for batch in entry.batches]
+        self._log.append([(STATE_KEY.pack(pid, partition) + topic.encode(), b"".join(parts))])
 
     def prune(self, end_offset: Callable[[str, int], int | None]) -> int:
         """Forget batches at or past their partition's end (``end_offset`` None: the
@@ -244,6 +348,12 @@ class ProducerState:
             return
         last = (first + count - 1) % SEQUENCE_MODULUS
         self._remember(producer_id, epoch, topic, partition, first, last, base_offset)
+        if self._log is not None:
+            try:
+                self._write_entry((producer_id, topic, partition))
+            except StoreError as error:  # the batch is appended; only its state is at risk
+                log.warning("producer state of %d not logged: %s", producer_id, error)
+            return
         if self._fd < 0:
             return
         record = _journal_record(producer_id, epoch, topic, partition, first, last, base_offset)

@@ -267,13 +267,20 @@ class Broker:
         self.handlers = Handlers(
             self.log, self.engine.offsets, self.config, self.port,
             state_directory=getattr(self.engine, "root", None),
+            producer_log=getattr(self.engine, "producer_log", None),  # the CommitLog engine's
         )  # fmt: skip
         self.handlers.is_follower = lambda: bool(getattr(self.engine, "is_follower", False))
         self.handlers.replication = self.replicas
         if self.node is not None:
-            node = self.node
-            self.handlers.leader_address = lambda: node.leader_address
-            self.handlers.leader_epoch = lambda: node.epoch
+            node, handlers = self.node, self.handlers
+            handlers.leader_address = lambda: node.leader_address
+            handlers.leader_epoch = lambda: node.epoch
+
+            # A promotion rebuilds the producers' state on the produce thread.
+            def reload_producers() -> None:
+                self._produce_pool.submit(handlers.reload_producers).result()
+
+            node.on_lead = reload_producers
         self.groups = GroupCoordinator(self.config, self.engine.offsets, self._read_pool)
         self._long_polls = LongPolls(self.log, self._loop)
         expiry = asyncio.create_task(self.groups.expire_loop())

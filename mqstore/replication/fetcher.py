@@ -270,6 +270,9 @@ class ReplicaFetcher:
             epoch, leader_end, position, target,
         )  # fmt: skip
         cut = store.truncate_replica(target)
+        reload = getattr(store, "reload_offsets", None)
+        if reload is not None:  # committed offsets come from the log: cut with it
+            reload()
         self._exposed = min(self._exposed, target)
         self.high_watermark = -1  # a new HW comes with the next response
         self.truncations += 1

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 from mqstore.commitlog.errors import ConfigError, NotEnoughReplicasError, ReplicationTimeoutError
@@ -134,6 +135,9 @@ class ReplicaNode:
         self._stop = threading.Event()
         self._notice: threading.Thread | None = None
         self._fetcher_max_bytes: int | None = None
+        #: Called when this node starts leading, before it takes a write (the broker
+        #: rebuilds its idempotent producers' state from the log).
+        self.on_lead: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -252,10 +256,14 @@ class ReplicaNode:
         store = self.store
         epoch: int = store.epochs.begin_leadership(store.commitlog.write_position, self.node_id)
         store.set_commit_limit(None)
-        store.become_leader()
-        reload = getattr(store, "reload_replicated_state", None)
-        if reload is not None:  # state derived from the log (offsets, producers)
+        # State derived from the log (committed offsets, producer state) is rebuilt
+        # from all of it before the first write is taken.
+        reload = getattr(store, "reload_offsets", None)
+        if reload is not None:
             reload()
+        if self.on_lead is not None:
+            self.on_lead()
+        store.become_leader()
         self.leader.activate(high_watermark)
         if self.config.embedded_acks == "all":
             store.set_replicated_wait(self._wait_replicated)

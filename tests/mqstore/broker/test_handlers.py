@@ -121,6 +121,44 @@ def test_commit_and_resume(broker: Broker) -> None:
     assert [r.offset for r in rest] == list(range(40, 100))
 
 
+def test_the_offsets_topic_is_internal(commitlog_broker: Broker) -> None:
+    """__consumer_offsets holds the commits: Metadata answers it when named (internal)
+    but never lists it, and a client's Produce to it is refused, nothing stored."""
+    broker = commitlog_broker
+    produce_kp(broker, "resume", 5)
+    consumer = kp_consumer(broker, group_id="resumers")
+    try:
+        partition = TopicPartition("resume", 0)
+        consumer.assign([partition])
+        consumer.commit({partition: _offset_and_metadata(3)})
+        assert "__consumer_offsets" not in consumer.topics()
+    finally:
+        consumer.close()
+    assert [(t.name, t.is_internal) for t in _metadata(broker.port, None)] == [("resume", False)]
+    [named] = _metadata(broker.port, ["__consumer_offsets"])
+    assert (named.error_code, named.is_internal, len(named.partitions)) == (0, True, 1)
+    written = broker.engine.latest_offset("__consumer_offsets", 0)
+    answer = produce_answer(
+        broker.port, produce_frame("__consumer_offsets", idempotent_batch(-1, -1, 1), 3)
+    )
+    assert answer.error_code != 0
+    assert broker.engine.latest_offset("__consumer_offsets", 0) == written == 1
+    assert broker.engine.offsets.load("resumers") == {("resume", 0): (3, "")}
+
+
+def _metadata(port: int, topics: list[str] | None) -> Any:
+    """The topics of a raw Metadata v1 answer (``topics`` None: all)."""
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    from tests.mqstore.broker.conftest import raw_request
+
+    request = MetadataRequest(version=1, topics=topics)
+    request.with_header(correlation_id=1, client_id="raw")
+    payload = raw_request(port, bytes(request.encode(header=True, framed=True)))
+    assert payload is not None
+    return MetadataResponse.decode(payload[4:], version=1).topics
+
+
 def _offset_and_metadata(offset: int) -> Any:
     from kafka.structs import OffsetAndMetadata
 

@@ -1,5 +1,7 @@
-"""The idempotent producer's sequence rules (Kafka's ProducerStateManager) and its
-journal: replayed after a clean stop and a SIGKILL, damaged tails ignored."""
+"""The idempotent producer's sequence rules (Kafka's ProducerStateManager) and where
+they persist: the state topic in the log (the CommitLog engine: rebuilt after a
+restart and on a promoted follower) or the journal (replayed after a clean stop and
+a SIGKILL, damaged tails ignored)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from mqstore.broker.producers import (
     ProducerIds,
     ProducerState,
 )
+from mqstore.commitlog_engine import KEY_PROPERTY
+from mqstore.internal_log import PRODUCERS_TOPIC
+from mqstore.replication.leader import read_chunk
 from tests.mqstore.broker.test_handlers import idempotent_batch, produce_answer, produce_frame
 from tests.mqstore.engines import ENGINES, open_engine
 
@@ -207,3 +212,97 @@ def test_duplicate_after_a_sigkill(tmp_path: Any, engine: str) -> None:
         assert values.count(b"once") == 1
     finally:
         reopened.close()
+
+
+# ---------------------------------------------------------------- through the log
+
+
+def test_state_through_the_log_survives_a_reopen(tmp_path: Any) -> None:
+    store = open_engine("commitlog", tmp_path / "store")
+    state = ProducerState(log=store.producer_log)
+    for i in range(7):  # the last five are remembered
+        state.appended(5, 0, "t", 0, i, 1, 100 + i)
+    state.appended(6, 2, "u", 1, 0, 3, 40)
+    assert not os.path.exists(tmp_path / "store" / JOURNAL_NAME)  # no side file
+    assert PRODUCERS_TOPIC not in store.list_topics()  # internal
+    store.close()
+    store = open_engine("commitlog", tmp_path / "store")
+    try:
+        state = ProducerState(str(tmp_path / "store"), store.producer_log)
+        assert state.check(5, 0, "t", 0, 6, 1).duplicate_offset == 106
+        assert state.check(5, 0, "t", 0, 2, 1).duplicate_offset == 102
+        assert state.check(5, 0, "t", 0, 1, 1).error == 45  # forgotten: out of order
+        assert state.check(5, 0, "t", 0, 7, 1) == (0, None)  # the next one
+        assert state.check(6, 2, "u", 1, 0, 3).duplicate_offset == 40
+        assert state.check(6, 1, "u", 1, 3, 1).error == 47  # fenced epoch
+    finally:
+        store.close()
+
+
+def test_an_older_journal_is_imported_into_the_log(tmp_path: Any) -> None:
+    store_path = tmp_path / "store"
+    store = open_engine("commitlog", store_path)
+    try:
+        journal = ProducerState(str(store_path))  # what an older broker kept
+        journal.appended(5, 0, "t", 0, 0, 2, 100)
+        journal.close()
+        state = ProducerState(str(store_path), store.producer_log)
+        assert not os.path.exists(store_path / JOURNAL_NAME)
+        assert state.check(5, 0, "t", 0, 0, 2).duplicate_offset == 100
+        assert ProducerState(log=store.producer_log).check(5, 0, "t", 0, 0, 2) == (0, 100)
+    finally:
+        store.close()
+
+
+def test_a_state_record_that_does_not_decode_is_skipped(tmp_path: Any) -> None:
+    store = open_engine("commitlog", tmp_path / "store")
+    try:
+        state = ProducerState(log=store.producer_log)
+        state.appended(5, 0, "t", 0, 0, 1, 100)
+        for key, value in ((b"short", b"x"), (b"\0" * 12 + b"t", b"\0\0\x02" + b"\0" * 5)):
+            store.put(PRODUCERS_TOPIC, 0, value, properties=[(KEY_PROPERTY, key)])
+        reloaded = ProducerState(log=store.producer_log)
+        assert reloaded.malformed == 2
+        assert reloaded.check(5, 0, "t", 0, 0, 1).duplicate_offset == 100
+    finally:
+        store.close()
+
+
+def _copy_log(leader: Any, follower: Any) -> None:
+    """The follower's CommitLog catches up (tests/mqstore/test_store_replica.py)."""
+    follower.apply_replica_topics(leader.replica_topics())
+    while follower.commitlog.write_position < leader.replicable_end:
+        position = follower.commitlog.write_position
+        follower.append_replica(position, read_chunk(leader, position, 1 << 20))
+
+
+def test_a_promoted_follower_answers_a_retry_as_its_leader(tmp_path: Any) -> None:
+    """kafka-python's idempotent producer writes through the leader; the follower,
+    fed the leader's CommitLog bytes, is promoted and answers a retry of that batch
+    with its original offset (before the state went through the log, the follower
+    had none and appended it again), and the same committed offsets."""
+    leader = open_engine("commitlog", tmp_path / "leader")
+    follower = open_engine("commitlog", tmp_path / "follower")
+    try:
+        leader.create_topic("idem", 1)
+        # Serving as a follower (of a leader it cannot reach: the test copies the log).
+        with Broker(follower, BrokerConfig(port=0), follow="127.0.0.1:1") as standby:
+            assert follower.is_follower
+            with Broker(leader, BrokerConfig(port=0)) as broker:
+                pid, epoch, offset = _kafka_python_batch(broker.bootstrap, "idem")
+            leader.offsets.commit("g", {("idem", 0): (offset + 1, "")})
+            _copy_log(leader, follower)
+            assert standby.node is not None
+            error, _epoch, _said = standby.node.promote(unclean=True)  # rebuilds the state
+            assert error == 0 and not follower.is_follower
+            answer = _resend(standby.port, "idem", pid, epoch)
+            assert (answer.error_code, answer.base_offset) == (0, offset)
+            nxt = produce_answer(
+                standby.port, produce_frame("idem", idempotent_batch(pid, 1, 1, epoch=epoch), 10)
+            )
+            assert (nxt.error_code, nxt.base_offset) == (0, offset + 1)
+        assert [r.value for r in follower.read_records("idem", 0, 0, 10)].count(b"once") == 1
+        assert follower.offsets.load("g") == leader.offsets.load("g")
+    finally:
+        follower.close()
+        leader.close()
