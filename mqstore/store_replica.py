@@ -168,6 +168,9 @@ class ReplicaStore:
         if not commitlog.is_follower or dispatcher is None or self._checkpoint_file is None:
             raise IllegalStateError("only a follower's writer store truncates its log")
         if position == commitlog.write_position:
+            # Nothing to cut, but an epoch that starts here and wrote nothing here
+            # goes (a leader restarted and took it): else the same answer comes back.
+            self.epochs.truncate_from(position)
             return 0
         with self._checkpoint_guard, dispatcher.truncating() as rewind:
             derived_end = dispatcher.position

@@ -419,11 +419,13 @@ class Handlers:
         if replication is None or not replication.configured:
             return 0
         appended_end = replication.source.commitlog.write_position  # >= the batch's end
-        if replication.wait_for_high_watermark(appended_end, max(timeout_ms, 0)):
-            return 0
+        passed = replication.wait_for_high_watermark(appended_end, max(timeout_ms, 0))
+        # Kafka's rule (checkEnoughReplicasReachOffset): the HW passing is not enough;
+        # it also moves when a follower leaves the in-sync set, and then the batch is
+        # on fewer replicas than min.insync.replicas: not acknowledged.
         if not replication.enough_in_sync():
             return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-        return ErrorCode.REQUEST_TIMED_OUT
+        return 0 if passed else ErrorCode.REQUEST_TIMED_OUT
 
     # ------------------------------------------------------------------ fetch
 

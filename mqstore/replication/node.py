@@ -281,7 +281,13 @@ class ReplicaNode:
                 f"min.insync.replicas is {self.config.min_insync_replicas}: the put is in "
                 "the leader's log but not acknowledged"
             )
-        if not leader.wait_for_high_watermark(end, self.config.embedded_timeout_ms):
+        passed = leader.wait_for_high_watermark(end, self.config.embedded_timeout_ms)
+        if not leader.enough_in_sync():  # the HW also moves when a follower leaves
+            raise NotEnoughReplicasError(
+                "a replica left the in-sync set while the put waited: it is in the "
+                "leader's log but not acknowledged"
+            )
+        if not passed:
             raise ReplicationTimeoutError(
                 f"the in-sync replicas did not reach {end} within "
                 f"{self.config.embedded_timeout_ms} ms: not acknowledged"

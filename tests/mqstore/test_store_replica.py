@@ -263,3 +263,19 @@ def test_a_crash_after_the_log_is_cut_recovers_to_the_cut_not_to_the_old_checkpo
     _catch_up(b, a, 1 << 20)
     assert _log_bytes(a) == _log_bytes(b)
     assert _answers(a, "orders", 1) == _answers(b, "orders", 1)
+
+
+def test_a_cut_at_the_end_drops_an_epoch_that_wrote_nothing(tmp_path, open_store):
+    """A leader restarted (a new epoch at its end), wrote nothing and was demoted: the
+    leader it follows answers "your epoch ends here" with its own end; the cut moves
+    no byte but must drop that epoch, else the same answer comes back for ever (the
+    chaos suite saw the loop)."""
+    store = open_store()
+    _fill(store, 5)
+    end = store.commitlog.write_position
+    epoch = store.epochs.begin_leadership(end, node_id=0)
+    store.become_follower()
+    assert store.epochs.latest_epoch == epoch
+    assert store.truncate_replica(end) == 0
+    assert store.epochs.latest_epoch == 0
+    assert store.commitlog.write_position == end

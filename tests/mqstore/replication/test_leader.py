@@ -265,3 +265,22 @@ def test_readers_see_only_what_the_in_sync_set_holds(tmp_path, store):
         _eventually(lambda: store.max_offset("t", 0) == 3, timeout_s=LAG_MS / 1000 + 5)
         store.put("t", 0, b"fourth")
     assert store.max_offset("t", 0) == 4  # the broker stopped: no limit any more
+
+
+def test_an_ack_waiting_when_the_follower_leaves_the_set_is_not_an_ack(tmp_path, store):
+    """The HW moves to the leader's end when the last follower leaves the in-sync
+    set; a batch waiting for acks=all is then on one replica, below
+    min.insync.replicas 2: NOT_ENOUGH_REPLICAS_AFTER_APPEND, never a success (Kafka's
+    checkEnoughReplicasReachOffset). The chaos suite lost such acks before."""
+    from kafka.errors import NotEnoughReplicasAfterAppendError
+
+    config = ReplicationConfig(
+        replica_ids=(1,), min_insync_replicas=2, replica_lag_time_max_ms=LAG_MS
+    )
+    with Broker(store, BrokerConfig(port=0), replication=config) as broker:
+        store.create_topic("t", partitions=1)
+        assert _ask_as(broker, 1, store.commitlog.write_position).error_code == 0
+        assert broker.replicas.in_sync() == [1]  # then it stops fetching
+        with pytest.raises(NotEnoughReplicasAfterAppendError):
+            _acks_all(broker, b"on the leader alone")
+        assert broker.replicas.high_watermark() == store.commitlog.write_position
