@@ -257,9 +257,18 @@ class ReplicaLeader:
             ]
 
     def high_watermark(self) -> int:
-        """min LEO over the in-sync set, the leader's end included; never decreasing."""
+        """min LEO over the in-sync set, the leader's end included; never decreasing;
+        and it stands still while the set (the leader included) is below
+        min.insync.replicas: readers then see only what that many replicas hold, so
+        a follower that was in the set as far as it knows (and may be promoted) holds
+        every record a reader saw. Kafka moves the HW with the leader alone, and its
+        controller keeps such a follower from being elected; without a controller
+        the HW waits instead."""
         end = self.source.replicable_end
         members = self.in_sync()
+        if 1 + len(members) < self.config.min_insync_replicas:
+            with self._changed:
+                return min(self._high_watermark, end)
         with self._changed:
             ends = [self._followers[replica].log_end for replica in members]
             self._high_watermark = max(self._high_watermark, min([end, *ends]))

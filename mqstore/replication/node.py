@@ -216,9 +216,11 @@ class ReplicaNode:
                 )  # fmt: skip
             former = self.store.epochs.leader
             fetcher.stop()
-            self.fetcher = None
             high_watermark = min(max(fetcher.high_watermark, 0), end)
             epoch = self._lead(high_watermark)
+            # Metadata names this node the leader only now: every record it holds is
+            # readable (a consumer sent here early would find its offset past the end).
+            self.fetcher = None
             message = f"leader at epoch {epoch} from log end {end}"
             if unclean and not in_sync:
                 message += (

@@ -281,6 +281,10 @@ def test_an_ack_waiting_when_the_follower_leaves_the_set_is_not_an_ack(tmp_path,
         store.create_topic("t", partitions=1)
         assert _ask_as(broker, 1, store.commitlog.write_position).error_code == 0
         assert broker.replicas.in_sync() == [1]  # then it stops fetching
+        hw = broker.replicas.high_watermark()
         with pytest.raises(NotEnoughReplicasAfterAppendError):
             _acks_all(broker, b"on the leader alone")
-        assert broker.replicas.high_watermark() == store.commitlog.write_position
+        # Below min.insync.replicas the HW stands: readers never see what only the
+        # leader holds (a follower promoted later would not have it).
+        assert broker.replicas.high_watermark() == hw < store.commitlog.write_position
+        assert store.max_offset("t", 0) == 0
