@@ -77,10 +77,11 @@ soak: $(STAMP)
 	$(PY) -m bench.soak --minutes 10 --json bench/results/soak.json
 
 # Issue 18's chaos suite (bench/chaos.py): 10 minutes per seed of SIGKILLs, SIGSTOPs,
-# cuts of the replication link and power cuts under acks=all producers and a consumer
-# group; fails on any anomaly. make test runs a 60 s version (tests/bench/test_chaos.py).
+# cuts of the replication link, power cuts and promotions (mqstore promote) under
+# acks=all idempotent producers and a consumer group, clients bootstrapped with both
+# nodes; fails on any anomaly. make test runs a 60 s version (tests/bench/test_chaos.py).
 chaos: $(BENCH_STAMP) fuse-deps
-	$(PY) -m bench.chaos --seconds 600 --seed 1 2 3 --bootstrap leader --out bench/results/chaos.json
+	$(PY) -m bench.chaos --seconds 600 --seed 1 2 3 --failover --out bench/results/chaos.json
 
 # Events from a service -> Spark structured streaming (windowed counts) -> a topic -> a consumer.
 pipeline: $(STAMP)

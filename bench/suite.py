@@ -42,10 +42,11 @@ BENCHMARKS: tuple[tuple[str, list[str], list[str]], ...] = (
         ["--rounds", "3", "--records", "10000000", "--keys", "1000000"],
     ),
     ("replication", ["--mib", "1024", "--rounds", "3"], ["--mib", "1024", "--rounds", "5"]),
+    ("replication_acks", ["--rounds", "3"], ["--rounds", "5", "--messages", "500000"]),
     (
         "chaos",
-        ["--seconds", "120", "--bootstrap", "leader"],
-        ["--seconds", "600", "--seed", "1", "2", "3", "--bootstrap", "leader"],
+        ["--seconds", "120", "--failover"],
+        ["--seconds", "600", "--seed", "1", "2", "3", "--failover"],
     ),
 )
 

@@ -26,6 +26,7 @@ log (commitlog/recovery.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -165,6 +166,7 @@ class CommitLog:
         self._closed = False
         self._sealed = False
         self._follower = False  # see set_follower: takes only append_replica's bytes
+        self._one_sync = threading.local()  # see one_sync
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
 
     # ------------------------------------------------------------------ open / close
@@ -470,7 +472,7 @@ class CommitLog:
             listener()
         group_commit = self._group_commit
         if group_commit is not None:
-            group_commit.wait_durable(end)
+            self._wait_durable(group_commit, end)
         return end
 
     def truncate_replica(self, position: int, derived_end: int) -> int:
@@ -599,7 +601,7 @@ class CommitLog:
             return self._append_general(topic, queue_id, body, keys, tag, properties, born_ts_ms)
         group_commit = self._group_commit
         if group_commit is not None:
-            group_commit.wait_durable(result[0] + result[3])
+            self._wait_durable(group_commit, result[0] + result[3])
         return result
 
     def _append_general(
@@ -645,7 +647,7 @@ class CommitLog:
             result = self._append_locked(topic, queue_id, size, born_ts_ms, sections)
         group_commit = self._group_commit
         if group_commit is not None:
-            group_commit.wait_durable(result[0] + result[3])
+            self._wait_durable(group_commit, result[0] + result[3])
         return result
 
     def _append_locked(
@@ -805,8 +807,36 @@ class CommitLog:
             listener()
         group_commit = self._group_commit
         if group_commit is not None:
-            group_commit.wait_durable(position)
+            self._wait_durable(group_commit, position)
         return BatchAppendResult(positions, sizes, first_queue_offset, store_ts_ms)
+
+    @contextlib.contextmanager
+    def one_sync(self) -> Iterator[None]:
+        """Appends made by this thread inside the block wait for durability once, at
+        its end (sync flush mode; a no-op in async mode), so they reach the page cache
+        together: a batch and the record that describes it (the broker's producer
+        state) are never split by a process kill during the first one's sync."""
+        local = self._one_sync
+        if getattr(local, "end", None) is not None:  # nested: the outer block waits
+            yield
+            return
+        local.end = -1
+        try:
+            yield
+        finally:
+            end, local.end = local.end, None
+            group_commit = self._group_commit
+            if group_commit is not None and end >= 0:
+                group_commit.wait_durable(end)
+
+    def _wait_durable(self, group_commit: GroupCommitService, end: int) -> None:
+        """Sync mode: wait until ``end`` is durable, or leave it to one_sync's end."""
+        local = self._one_sync
+        deferred = getattr(local, "end", None)
+        if deferred is not None:
+            local.end = max(deferred, end)
+            return
+        group_commit.wait_durable(end)
 
     def _check_writable(self) -> None:
         if self._failure is not None:

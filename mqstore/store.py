@@ -83,6 +83,7 @@ from mqstore.dispatch.notify import Follower, Notifier
 from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.indexfile import IndexConfig, IndexService
 from mqstore.indexfile.format import key_hash
+from mqstore.internal_log import INTERNAL_TOPICS
 from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
 from mqstore.reader import StoreReader
@@ -697,8 +698,8 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         )  # fmt: skip
         if result[0] > self._help_dispatch_past:
             self._help_dispatch_if_behind(result[0])
-        if self._replicated_wait is not None:  # mqstore.store_replica
-            self._replicated_wait(self.commitlog.write_position)
+        if self._replicated_wait is not None and topic not in INTERNAL_TOPICS:
+            self._replicated_wait(self.commitlog.write_position)  # mqstore.store_replica
         return result
 
     def _check_put(self, topic: str, queue_id: int) -> None:

@@ -403,10 +403,11 @@ class Handlers:
                 start = self.log.log_start_offset(topic, partition)
                 return answer(self._replicated(replication, timeout_ms), check.duplicate_offset,
                               -1, start)  # fmt: skip
-            appended = self.log.append(topic, partition, batch)
-            self.producers.appended(
-                *identity, header.base_sequence, header.records_count, appended.base_offset
-            )
+            with self.log.one_sync():  # the batch and its state record: one sync
+                appended = self.log.append(topic, partition, batch)
+                self.producers.appended(
+                    *identity, header.base_sequence, header.records_count, appended.base_offset
+                )
         except StoreError as error:
             log.info("produce to %s-%d refused: %s", topic, partition, error)
             return answer(error_for(error))
