@@ -225,13 +225,14 @@ class ReplicaLeader:
         if self.configured:
             self.source.set_commit_limit(self.high_watermark)
 
-    def close(self) -> None:
-        """Stop leading; lift the commit limit (the broker stops, or the node became
-        a follower; the store may live on)."""
+    def close(self, lift: bool = True) -> None:
+        """Stop leading. ``lift``: lift the commit limit too (the broker stops; the
+        store may live on); False: the caller sets another limit (a demotion: its
+        tail past the HW may be cut, so readers must not see it meanwhile)."""
         with self._changed:
             was_active, self.active = self.active, False
             self._changed.notify_all()
-        if was_active and self.configured:
+        if was_active and self.configured and lift:
             self.source.set_commit_limit(None)
 
     @property
@@ -279,11 +280,14 @@ class ReplicaLeader:
         return 1 + len(self.in_sync()) >= self.config.min_insync_replicas
 
     def wait_for_high_watermark(self, position: int, timeout_ms: int) -> bool:
-        """Block until the HW reaches ``position`` or the timeout passes; whether it did."""
+        """Block until the HW reaches ``position`` or the timeout passes; whether it
+        did. It gives up as soon as the in-sync set falls below min.insync.replicas
+        (the HW stands still then; Kafka completes such a wait at once with
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
         deadline = time.monotonic() + timeout_ms / 1000
         while self.high_watermark() < position:
             left_s = deadline - time.monotonic()
-            if left_s <= 0:
+            if left_s <= 0 or not self.enough_in_sync():
                 return False
             with self._changed:
                 self._changed.wait(min(left_s, HW_RECHECK_S))

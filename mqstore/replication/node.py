@@ -251,8 +251,11 @@ class ReplicaNode:
         """A follower named a newer epoch: another node leads. Stop taking writes."""
         with self._lock:
             if self.store.epochs.see_epoch(epoch) and self.fetcher is None:
-                self.leader.close()
-                self.store.become_follower()  # NOT_LEADER_OR_FOLLOWER until a notice
+                store = self.store
+                shown = store.dispatched_position  # readers see no more until it follows
+                store.set_commit_limit(lambda: shown)
+                self.leader.close(lift=False)
+                store.become_follower()  # NOT_LEADER_OR_FOLLOWER until a notice
 
     def _lead(self, high_watermark: int) -> int:
         store = self.store
@@ -299,9 +302,6 @@ class ReplicaNode:
         host, port = parse_address(address)
         store = self.store
         store.set_replicated_wait(None)
-        self.leader.close()
-        store.become_follower()
-        store.epochs.follow(address, epoch)
         old = self.fetcher
         if old is not None:
             old.stop()
@@ -309,7 +309,13 @@ class ReplicaNode:
         fetcher = ReplicaFetcher(store, host, port, replica_id=self.node_id, **kwargs)
         if epoch is not None:
             fetcher.leader_epoch = epoch
+        # The follower's limit first (what readers see now), then the leader's goes:
+        # lifting it between the two exposed the tail a divergence check then cut
+        # (the chaos suite saw a consumer read a record the new leader never had).
         store.set_commit_limit(fetcher.commit_limit)
+        self.leader.close(lift=False)
+        store.become_follower()
+        store.epochs.follow(address, epoch)
         self.fetcher = fetcher.start()
 
     # ------------------------------------------------------------------ notices
