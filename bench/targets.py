@@ -32,6 +32,8 @@ SOURCES = (
     "broker_longpoll",
     "compaction",
     "replication",
+    "replication_acks",
+    "chaos",
 )
 
 #: bench/put.py's ratios that are targets: (ratio key, row, goal).
