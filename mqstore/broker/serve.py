@@ -22,7 +22,7 @@ from mqstore.broker.server import Broker
 from mqstore.commitlog.errors import ConfigError
 from mqstore.engine import Engine
 from mqstore.replication.leader import ReplicationConfig
-from mqstore.replication.node import ReplicaNode
+from mqstore.replication.node import ReplicaNode, parse_address
 
 __all__ = ["cmd_serve", "parse_listen", "serve", "start_following"]
 
@@ -103,15 +103,13 @@ def start_following(engine: Engine, leader: str, replica_id: int = 1) -> Replica
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9092`` for IPv6) as (host, port).
+    """``HOST:PORT`` (``[::1]:9092`` for IPv6) as (host, port): the one parser the
+    replication node uses too (``mqstore.replication.node.parse_address``).
 
     Raises:
         ConfigError: not HOST:PORT with a port from 0 to 65535.
     """
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65_535:
-        raise ConfigError(f"{listen!r}: expected HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port_text)
+    return parse_address(listen)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
