@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from bench.common import load_sample, machine_info, summarize, write_results
+from bench.common import (
+    load_sample,
+    machine_info,
+    spawn_serve,
+    stop_serve,
+    summarize,
+    write_results,
+)
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "broker.json")
 VALUE: Final = b"v" * 100
@@ -65,23 +70,7 @@ def start_broker(
         command += ["--config", item]
     command += ["serve", "--listen", "127.0.0.1:0"]
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = re.search(r" on (\S+:\d+)$", line.strip())
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"mqstore serve did not start: {line!r}")
-    return process, found.group(1)
-
-
-def stop_broker(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    return spawn_serve(command, env=env, cwd=tree)
 
 
 def wire_produce(bootstrap: str, messages: int, acks: str) -> float:
@@ -155,7 +144,7 @@ def wire_case(engine: str, messages: int, tree: str | None = None) -> dict[str, 
             produced = wire_produce(bootstrap, messages, "1")
             consumed = wire_consume(bootstrap, messages + 1)  # + the topic-creating one
         finally:
-            stop_broker(process)
+            stop_serve(process)
     return {"wire.produce": produced, "wire.consume": consumed}
 
 
@@ -166,7 +155,7 @@ def wire_sync_case(engine: str, messages: int, tree: str | None = None) -> dict[
         try:
             produced = wire_produce(bootstrap, messages // SYNC_SHARE, "all")
         finally:
-            stop_broker(process)
+            stop_serve(process)
     return {"wire.produce.sync": produced}
 
 

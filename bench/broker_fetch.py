@@ -35,16 +35,21 @@ import cProfile
 import io
 import os
 import pstats
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Final
 
-from bench.common import load_sample, machine_info, summarize, write_results
+from bench.common import (
+    load_sample,
+    machine_info,
+    spawn_serve,
+    stop_serve,
+    summarize,
+    write_results,
+)
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "broker_fetch.json")
 VALUE: Final = b"v" * 100
@@ -94,23 +99,7 @@ def start_broker(
     command = [sys.executable, "-m", "bench.broker_fetch", "--serve", engine, path]
     command += ["--zero-copy"] if zero_copy else []
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = re.search(r" on (\S+:\d+)$", line.strip())
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"the broker did not start: {line!r}")
-    return process, found.group(1)
-
-
-def stop_broker(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    return spawn_serve(command, env=env, cwd=tree)
 
 
 def produce(bootstrap: str, messages: int) -> None:
@@ -169,7 +158,7 @@ def setup(directory: str, messages: int) -> dict[str, str]:
         try:
             produce(bootstrap, messages)
         finally:
-            stop_broker(process)
+            stop_serve(process)
         paths[engine] = path
     return paths
 
@@ -183,7 +172,7 @@ def run_case(case: str, paths: dict[str, str], messages: int, tree: str | None =
     try:
         return consume(bootstrap, messages)
     finally:
-        stop_broker(process)
+        stop_serve(process)
 
 
 def profile_commitlog(path: str, messages: int, top: int = 18) -> str:

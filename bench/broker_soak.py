@@ -47,9 +47,7 @@ import argparse
 import multiprocessing
 import multiprocessing.connection
 import os
-import re
 import resource
-import signal
 import socket
 import struct
 import subprocess
@@ -58,7 +56,7 @@ import tempfile
 import time
 from typing import Any, Final
 
-from bench.common import load_sample, machine_info, write_results
+from bench.common import load_sample, machine_info, spawn_serve, stop_serve, write_results
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "broker_soak.json")
 TOPIC: Final = "soak"
@@ -107,24 +105,7 @@ def start_broker(path: str, engine: str) -> tuple[subprocess.Popen[str], str]:
         command += ["--config", item]
     command += ["serve", "--listen", "127.0.0.1:0", "--max-connections", str(CONNECTIONS_MAX)]
     command += ["--max-connections-per-ip", str(CONNECTIONS_MAX)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = re.search(r" on (\S+:\d+)$", line.strip())
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"mqstore serve did not start: {line!r}")
-    return process, found.group(1)
-
-
-def stop_broker(process: subprocess.Popen[str]) -> int:
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return -9
+    return spawn_serve(command)
 
 
 def sample(pid: int) -> dict[str, float]:
@@ -524,7 +505,7 @@ def drive(
     sampler.mark("end")
     for conn in idle:
         conn.close()
-    exit_code = stop_broker(process)
+    exit_code = stop_serve(process, 120)
     covered, duplicates = coverage(workers.ranges, ends)
     produced = workers.acked
     return {

@@ -88,3 +88,39 @@ def write_results(path: str, results: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=2)
     print(f"wrote {path}")
+
+
+def spawn_serve(
+    command: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``mqstore serve`` (``command``) and return the process and the bootstrap
+    address its first stdout line names (it listens by then).
+
+    Raises:
+        RuntimeError: the process ended or printed something else first.
+    """
+    import re
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    found = re.search(r" on (\S+:\d+)$", line.strip())
+    if found is None:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"mqstore serve did not start: {line!r}")
+    return process, found.group(1)
+
+
+def stop_serve(process: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
+    """SIGTERM (a clean drain and close), SIGKILL after ``timeout_s``; the exit status
+    (-9 when it had to be killed)."""
+    import signal
+
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return -9

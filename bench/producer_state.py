@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Final
 
-from bench.broker import stop_broker
-from bench.common import load_sample, machine_info, summarize, write_results
+from bench.common import (
+    load_sample,
+    machine_info,
+    spawn_serve,
+    stop_serve,
+    summarize,
+    write_results,
+)
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "producer_state.json")
 VALUE: Final = b"v" * 100
@@ -53,14 +58,7 @@ def start_broker(path: str, journal: bool) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, *prefix, "--store", path, "--engine", "commitlog"]
     command += ["--config", "commitlog_file_size_bytes=268435456", "serve"]
     command += ["--listen", "127.0.0.1:0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = re.search(r" on (\S+:\d+)$", line.strip())
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"mqstore serve did not start: {line!r}")
-    return process, found.group(1)
+    return spawn_serve(command)
 
 
 def produce(bootstrap: str, messages: int, idempotent: bool) -> float:
@@ -103,7 +101,7 @@ def run_case(case: str, messages: int) -> tuple[float, bool]:
         try:
             rate = produce(bootstrap, messages, idempotent=case != "plain")
         finally:
-            stop_broker(process)
+            stop_serve(process)
         journal = os.path.join(store, "broker-producers.log")
         journaled = os.path.exists(journal) and os.path.getsize(journal) > 0
     return rate, journaled

@@ -25,8 +25,8 @@ import tempfile
 import time
 from typing import Any, Final
 
-from bench.broker import start_broker, stop_broker
-from bench.common import load_sample, machine_info, summarize, write_results
+from bench.broker import start_broker
+from bench.common import load_sample, machine_info, stop_serve, summarize, write_results
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "replication.json")
 BODY: Final = b"r" * 1024
@@ -128,7 +128,7 @@ def main() -> None:
                 print(f"round {round_ + 1}: {shown}", flush=True)
                 loads.append(load_sample())
         finally:
-            stop_broker(process)
+            stop_serve(process)
     finally:
         shutil.rmtree(leader_path, ignore_errors=True)
     cases = summarize(runs)

@@ -47,9 +47,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,7 +58,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from bench.common import load_sample, machine_info, summarize, write_results
+from bench.common import (
+    load_sample,
+    machine_info,
+    spawn_serve,
+    stop_serve,
+    summarize,
+    write_results,
+)
 
 RESULTS: Final = os.path.join(os.path.dirname(__file__), "results", "replication_acks.json")
 VALUE: Final = b"v" * 100
@@ -88,23 +93,7 @@ def start_node(path: str, sync: bool, role_args: list[str]) -> tuple[subprocess.
     for item in settings:
         command += ["--config", item]
     command += ["serve", "--listen", "127.0.0.1:0", *role_args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = re.search(r" on (\S+:\d+)$", line.strip())
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"mqstore serve did not start: {line!r}")
-    return process, found.group(1)
-
-
-def stop_node(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    return spawn_serve(command)
 
 
 def new_producer(bootstrap: str, acks: str) -> Any:
@@ -177,9 +166,9 @@ def acks_case(name: str, messages: int) -> dict[str, float]:
                 rate = produce_all(producer, messages)
                 del producer  # its connections close before the brokers stop
             finally:
-                stop_node(follower)
+                stop_serve(follower)
         finally:
-            stop_node(leader)
+            stop_serve(leader)
     return {name: rate}
 
 
@@ -309,7 +298,7 @@ def lag_case(rate: int, seconds: float) -> dict[str, Any]:
                 fetcher.stop()
                 store.close()
         finally:
-            stop_node(leader)
+            stop_serve(leader)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     figures["rate_asked"] = rate
