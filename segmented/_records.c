@@ -77,7 +77,7 @@ PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(count * FIELDS * 8));
     if (result == NULL) goto done;
     int64_t *row = (int64_t *)PyBytes_AS_STRING(result);
-    int dense = count == last_delta + 1;
+    int dense = count - 1 == last_delta; /* count >= 0: no overflow at INT64_MAX */
     int64_t previous = -1;
     Py_ssize_t cursor = (Py_ssize_t)start;
     const Py_ssize_t limit = (Py_ssize_t)end;

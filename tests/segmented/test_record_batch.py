@@ -310,3 +310,21 @@ def test_record_spans_agree_on_damaged_records_and_never_read_outside(
             assert HEADER_SIZE <= start < len(data)
             assert key_start + max(key_size, 0) <= len(data)
             assert value_start + max(value_size, 0) <= len(data)
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_record_spans_takes_the_largest_last_delta_without_overflow(count) -> None:
+    """last_offset_delta = 2**63 - 1 comes from the wire; "dense" was computed as
+    ``count == last_delta + 1``, a signed overflow in C that UBSan flagged in a
+    fuzz run (through kafka_values). C and the twin now agree without it."""
+    from mqstore.commitlog.native import NATIVE
+    from mqstore.segmented.record_batch import record_spans_py
+
+    data = bytes(16)
+    outcomes = []
+    for function in [record_spans_py] + ([NATIVE.record_spans] if NATIVE is not None else []):
+        try:
+            outcomes.append(("ok", function(data, 0, count * 7, count, 2**63 - 1)))
+        except ValueError as error:
+            outcomes.append(("raised", error.args[0]))
+    assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
