@@ -4,7 +4,7 @@
  * dispatch_columns walks the records of one CommitLog file from a record boundary and
  * writes, per record, what the ConsumeQueues and the index need (physical offset,
  * size, queue offset, queue id, born and store timestamps, topic hash and length,
- * tag and keys lengths) into the rows of one int64 array, in one call per run of
+ * tag and keys lengths, flags) into the rows of one int64 array, in one call per run of
  * records: the dispatcher then groups them per queue with numpy and writes each
  * queue's units in bulk, instead of unpacking every header in Python.
  * commitlog/header_scan.py declares the contract and holds the pure-Python twin;
@@ -62,6 +62,7 @@ PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssi
     int64_t *tlen_out = rows + DISPATCH_TOPIC_LEN * capacity;
     int64_t *taglen_out = rows + DISPATCH_TAG_LEN * capacity;
     int64_t *keyslen_out = rows + DISPATCH_KEYS_LEN * capacity;
+    int64_t *flags_out = rows + DISPATCH_FLAGS * capacity;
     /* A message ends by the hard end and leaves room for a blank record in its file. */
     int64_t fit = file_size - BLANK_SIZE < hard_end ? file_size - BLANK_SIZE : hard_end;
     int64_t at = start;
@@ -139,6 +140,7 @@ PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssi
         tlen_out[count] = topic_len;
         taglen_out[count] = tag_len;
         keyslen_out[count] = keys_len;
+        flags_out[count] = flags;
         count++;
         at += total;
     }

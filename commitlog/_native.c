@@ -411,22 +411,28 @@ done:
 
 /* encode_slices(buffer, in_file, file_size, physical, first_queue_offset, store_ts_ms,
  *               born_ts_ms, queue_id, topic, tag, offsets, data, nulls, borns, start,
- *               positions) -> index
+ *               positions, flags) -> index
  * encode_bodies for bodies given as Arrow does: body i is data[offsets[i]:offsets[i+1]]
  * (int64 offsets, n + 1 of them, checked by the caller), a null body where nulls (a
  * uint8 array, or None) is non-zero; borns (int64, or None for born_ts_ms for all)
- * gives per-record born timestamps. */
+ * gives per-record born timestamps; flags (0 or FLAG_GROUP_OPEN) is set on every
+ * record. */
 static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "encode_slices takes 16 arguments");
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "encode_slices takes 17 arguments");
         return NULL;
     }
-    int64_t in_file, file_size, physical, queue_offset, stored, born, queue_id, start;
+    int64_t in_file, file_size, physical, queue_offset, stored, born, queue_id, start, extra;
     if (as_i64(args[1], &in_file) < 0 || as_i64(args[2], &file_size) < 0 ||
         as_i64(args[3], &physical) < 0 || as_i64(args[4], &queue_offset) < 0 ||
         as_i64(args[5], &stored) < 0 || as_i64(args[6], &born) < 0 ||
-        as_i64(args[7], &queue_id) < 0 || as_i64(args[14], &start) < 0)
+        as_i64(args[7], &queue_id) < 0 || as_i64(args[14], &start) < 0 ||
+        as_i64(args[16], &extra) < 0)
         return NULL;
+    if (extra != 0 && extra != FLAG_GROUP_OPEN) {
+        PyErr_SetString(PyExc_ValueError, "encode_slices: flags must be 0 or FLAG_GROUP_OPEN");
+        return NULL;
+    }
     Py_buffer out, topic, tag, offsets, data, nulls, borns, positions, empty;
     empty.buf = (void *)"";
     empty.len = 0;
@@ -482,7 +488,8 @@ static PyObject *py_encode_slices(PyObject *self, PyObject *const *args, Py_ssiz
         }
         if (!run_fits(&run, size)) break;
         run_put(&run, index, size, born_at ? born_at[index] : born,
-                is_null ? FLAG_NULL_BODY : 0u, &topic, &tag, &empty, &empty, &body);
+                (is_null ? FLAG_NULL_BODY : 0u) | (uint32_t)extra, &topic, &tag, &empty, &empty,
+                &body);
     }
     result = PyLong_FromSsize_t(index);
 done:
@@ -502,14 +509,17 @@ done:
 enum { SCAN_FULL = 0, SCAN_ZEROS = 1, SCAN_BLANK = 2, SCAN_INVALID = 3, SCAN_LIMIT = 4 };
 
 /* scan_records(buffer, start, limit, file_start, positions, sizes, queue_offsets,
- *              queue_ids, store_ts, topic_lens, topic_hashes) -> (end, count, status)
+ *              queue_ids, store_ts, topic_lens, topic_hashes)
+ *     -> (end, count, status, closed)
  * Walk and fully verify records from start (as record.decode does: size, magic,
  * checksum, physical offset, section lengths, flags, ASCII topic, UTF-8 tag) until
  * the output arrays are full (status 0), zeros (1: the unwritten rest of the file),
  * a blank record (2: end is then the file's end), a record that does not verify
  * (3: end is where it starts), or limit (4). Outputs are per verified record: its
  * position in the file, total size, queue offset, queue id, store timestamp, topic
- * length and XXH64 of the topic bytes. Runs without the GIL. */
+ * length and XXH64 of the topic bytes. closed: how many of the count records end
+ * with one that closes its append group (the last without FLAG_GROUP_OPEN; 0: none
+ * does). Runs without the GIL. */
 static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "scan_records takes 11 arguments");
@@ -545,7 +555,7 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
     uint8_t *tlen_out = views[6].buf;
     uint64_t *thash_out = views[7].buf;
     int64_t at = start;
-    Py_ssize_t count = 0;
+    Py_ssize_t count = 0, closed = 0;
     int status = SCAN_LIMIT;
     TopicMemo memo;
     topic_memo_init(&memo);
@@ -614,10 +624,11 @@ static PyObject *py_scan_records(PyObject *self, PyObject *const *args, Py_ssize
         tlen_out[count] = topic_len;
         thash_out[count] = topic_memo_hash(&memo, topic, topic_len);
         count++;
+        if (!(flags & FLAG_GROUP_OPEN)) closed = count;
         at += total;
     }
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(Lni)", (long long)at, count, status);
+    result = Py_BuildValue("(Lnin)", (long long)at, count, status, closed);
 done:
     while (got-- > 0) PyBuffer_Release(&views[got]);
     return result;
@@ -900,6 +911,7 @@ static const struct {
     {"MESSAGE_MAGIC", MESSAGE_MAGIC},
     {"BLANK_MAGIC", BLANK_MAGIC},
     {"FLAG_NULL_BODY", FLAG_NULL_BODY},
+    {"FLAG_GROUP_OPEN", FLAG_GROUP_OPEN},
     {"FLAGS_KNOWN", FLAGS_KNOWN},
     {"RECORD_SIZE_MAX", RECORD_SIZE_MAX},
     {"AT_TOTAL_SIZE", AT_TOTAL_SIZE},
@@ -966,6 +978,7 @@ static const struct {
     {"DISPATCH_TOPIC_LEN", DISPATCH_TOPIC_LEN},
     {"DISPATCH_TAG_LEN", DISPATCH_TAG_LEN},
     {"DISPATCH_KEYS_LEN", DISPATCH_KEYS_LEN},
+    {"DISPATCH_FLAGS", DISPATCH_FLAGS},
     {"DISPATCH_ROWS", DISPATCH_ROWS},
 };
 

@@ -28,7 +28,8 @@
 #define MESSAGE_MAGIC 0x4D515232u
 #define BLANK_MAGIC 0x4D514232u
 #define FLAG_NULL_BODY 0x1u
-#define FLAGS_KNOWN FLAG_NULL_BODY
+#define FLAG_GROUP_OPEN 0x2u /* not the last record of its append group (record.py) */
+#define FLAGS_KNOWN (FLAG_NULL_BODY | FLAG_GROUP_OPEN)
 #define RECORD_SIZE_MAX 0xFFFFFFFFLL /* total_size is a u32 */
 
 /* Field offsets of the header above. commitlog/native.py compares every one of these
@@ -307,6 +308,7 @@ enum {
     DISPATCH_TOPIC_LEN,
     DISPATCH_TAG_LEN,
     DISPATCH_KEYS_LEN,
+    DISPATCH_FLAGS,
     DISPATCH_ROWS
 };
 

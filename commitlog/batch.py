@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
+import attrs
 import numpy as np
 
 from mqstore.commitlog.appender import QUEUE_ID_MAX
 from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
 from mqstore.commitlog.record import (
+    FLAG_GROUP_OPEN,
     FLAG_NULL_BODY,
     HEADER_SIZE,
     check_bodies,
@@ -37,6 +39,7 @@ __all__ = [
     "BATCH_MESSAGES_MAX",
     "Encoded",
     "PreparedBatch",
+    "Trailer",
     "check_queue_id",
     "check_timestamp",
     "encode_batch",
@@ -68,6 +71,33 @@ class PreparedBatch(NamedTuple):
     born_ts_ms: np.ndarray | int | None
 
 
+@attrs.frozen
+class Trailer:
+    """The record that closes an append group (record.py's FLAG_GROUP_OPEN): given to
+    ``CommitLog.append_batch`` or ``append_slices``, it is written right after the
+    batch under the same lock hold, and every record of the batch carries the flag,
+    so a crash keeps the batch and its trailer together or neither.
+
+    ``record`` is called under the append lock with the batch's first queue offset
+    and returns the trailer's (body, properties); it must be quick and not append.
+    """
+
+    topic: str
+    queue_id: int
+    record: Callable[[int], tuple[bytes, Any]]
+
+    def prepare(self, first_queue_offset: int, limit_bytes: int) -> PreparedBatch:
+        """The trailer for a batch whose first queue offset is ``first_queue_offset``.
+
+        Raises:
+            The errors of ``prepare_batch`` (nothing is written then).
+        """
+        body, properties = self.record(first_queue_offset)
+        return prepare_batch(
+            self.topic, self.queue_id, [body], None, None, [properties], None, limit_bytes
+        )
+
+
 def prepare_batch(
     topic: str,
     queue_id: int,
@@ -77,8 +107,10 @@ def prepare_batch(
     properties: Sequence[Any] | None,
     born_ts_ms: Sequence[int | None] | int | None,
     limit_bytes: int,
+    group_open: bool = False,
 ) -> PreparedBatch:
-    """Check and encode ``append_batch``'s arguments.
+    """Check and encode ``append_batch``'s arguments; ``group_open``: every record
+    carries FLAG_GROUP_OPEN (a trailer follows it: ``CommitLog.append_batch``).
 
     Raises:
         The errors of ``CommitLog.append``, for the first invalid record.
@@ -89,14 +121,18 @@ def prepare_batch(
     if count > BATCH_MESSAGES_MAX:
         raise LimitExceededError(f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
     plain = (
-        keys is None
+        not group_open
+        and keys is None
         and properties is None
         and (tags is None or isinstance(tags, str))
         and (born_ts_ms is None or isinstance(born_ts_ms, int))
         and type(bodies) is list
     )
     if not plain:
-        encoded = encode_batch(topic_bytes, bodies, keys, tags, properties, born_ts_ms, limit_bytes)
+        encoded = encode_batch(
+            topic_bytes, bodies, keys, tags, properties, born_ts_ms, limit_bytes,
+            FLAG_GROUP_OPEN if group_open else 0,
+        )  # fmt: skip
         sizes = np.fromiter((item[0] for item in encoded), dtype=np.int32, count=count)
 
         def encode_encoded(
@@ -148,8 +184,10 @@ def prepare_slices(
     tag: str | None,
     born_ts_ms: np.ndarray | int | None,
     limit_bytes: int,
+    group_open: bool = False,
 ) -> PreparedBatch:
-    """Check ``append_slices``' arguments (bodies as an Arrow binary column).
+    """Check ``append_slices``' arguments (bodies as an Arrow binary column);
+    ``group_open`` as for ``prepare_batch``.
 
     Raises:
         The errors of ``prepare_batch``; InvalidArgumentError for offsets that are
@@ -185,6 +223,7 @@ def prepare_slices(
         check_timestamp(born_ts_ms)
         born_all = born_ts_ms
     tag_bytes = encode_tag(tag)
+    extra_flags = FLAG_GROUP_OPEN if group_open else 0
     sizes64 = HEADER_SIZE + len(topic_bytes) + len(tag_bytes) + lengths
     if count and sizes64.max() > limit_bytes:
         bad = int(np.argmax(sizes64 > limit_bytes))
@@ -199,7 +238,7 @@ def prepare_slices(
         return int(encode_slices(
             mapping, in_file, file_size, position, queue_offset, store_ts_ms,
             store_ts_ms if born_all is None else born_all, queue_id, topic_bytes,
-            tag_bytes, offsets, data, null_flags, borns, done, positions,
+            tag_bytes, offsets, data, null_flags, borns, done, positions, extra_flags,
         ))  # fmt: skip
 
     born = borns if borns is not None else born_all
@@ -214,8 +253,10 @@ def encode_batch(
     properties: Sequence[Any] | None,
     born_ts_ms: Sequence[int | None] | int | None,
     limit_bytes: int,
+    extra_flags: int = 0,
 ) -> list[Encoded]:
-    """Validate and encode every per-record section of a batch."""
+    """Validate and encode every per-record section of a batch; ``extra_flags`` is
+    set on every record."""
     count = len(bodies)
     for name, items in (("keys", keys), ("properties", properties)):
         if items is not None and len(items) != count:
@@ -231,10 +272,10 @@ def encode_batch(
     fixed = HEADER_SIZE + len(topic_bytes)
     encoded: list[Encoded] = []
     for index, body in enumerate(bodies):
-        flags = 0
+        flags = extra_flags
         if type(body) is not bytes:
             if body is None:
-                flags, body = FLAG_NULL_BODY, b""
+                flags, body = FLAG_NULL_BODY | extra_flags, b""
             elif not isinstance(body, _BYTES_LIKE):
                 raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
         tag_b = shared_tag if shared_tag is not None else encode_tag(tags[index])  # type: ignore[index]

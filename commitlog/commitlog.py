@@ -50,6 +50,7 @@ from mqstore.commitlog.appender import (
 from mqstore.commitlog.batch import (
     BATCH_MESSAGES_MAX,
     PreparedBatch,
+    Trailer,
     check_queue_id,
     check_timestamp,
     prepare_batch,
@@ -166,6 +167,7 @@ class CommitLog:
         self._closed = False
         self._sealed = False
         self._follower = False  # see set_follower: takes only append_replica's bytes
+        self._open_group_from: int | None = None  # see open_group_start
         self._one_sync = threading.local()  # see one_sync
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
 
@@ -462,6 +464,13 @@ class CommitLog:
                 if next_offset > self._queue_offsets.get(key, 0):
                     self._queue_offsets[key] = next_offset
             appender.write_position = end
+            if plan.ends_open:
+                if plan.group_end is not None:
+                    self._open_group_from = plan.group_end
+                elif self._open_group_from is None:
+                    self._open_group_from = position
+            elif plan.group_end is not None:
+                self._open_group_from = None
             appender.last_store_ts_ms = max(appender.last_store_ts_ms, plan.newest_store_ts_ms)
             if end >= appender.prepare_next_at:
                 self._prepare_next()
@@ -474,6 +483,15 @@ class CommitLog:
         if group_commit is not None:
             self._wait_durable(group_commit, end)
         return end
+
+    @property
+    def open_group_start(self) -> int | None:
+        """Where the append group left open at this log's end starts (None: the log
+        ends where a group ends). Only a follower's log can end so, and only until
+        the leader's next chunk: its leader cuts chunks at group ends, but a group
+        that spans two files comes in two chunks. A follower promoted then truncates
+        the open group (``MessageStore.truncate_replica``), as recovery would."""
+        return self._open_group_from
 
     def truncate_replica(self, position: int, derived_end: int) -> int:
         """Cut a follower's log at ``position`` (a record boundary: the divergence
@@ -505,6 +523,8 @@ class CommitLog:
                 )
             if position == end:
                 return 0
+            if self._open_group_from is not None and self._open_group_from >= position:
+                self._open_group_from = None
             self._truncate_after(position)
             if self._current is not None:
                 self._syncer(self._current)
@@ -545,6 +565,7 @@ class CommitLog:
                     f"cannot restart a log ending at {appender.write_position} at {position}"
                 )
             self._files.remove_after(-1)
+            self._open_group_from = None
             self._set_current(self._take_file(position))
             appender.write_position = position
             self._flushed_position = position
@@ -705,22 +726,25 @@ class CommitLog:
         tags: Sequence[str | None] | str | None = None,
         properties: Sequence[Any] | None = None,
         born_ts_ms: Sequence[int | None] | int | None = None,
+        trailer: Trailer | None = None,
     ) -> BatchAppendResult:
         """Append many records to one queue under one lock acquisition and one flush.
 
         ``keys``, ``properties`` and a sequence of ``tags`` or ``born_ts_ms`` give one
         item per body; a single ``tags`` str or ``born_ts_ms`` int applies to all. A
         None born timestamp means the store timestamp.
-        A crash mid-batch keeps a prefix of the batch (never a torn record).
+        A crash mid-batch keeps a prefix of the batch (never a torn record); with a
+        ``trailer`` (batch.py), the batch and its trailer are one append group: a
+        crash keeps both or neither (record.py's FLAG_GROUP_OPEN).
 
         Raises:
             The errors of ``append``; nothing is appended if any record is invalid.
         """
         batch = prepare_batch(
             topic, queue_id, bodies, keys, tags, properties, born_ts_ms,
-            self._record_size_limit_bytes,
+            self._record_size_limit_bytes, group_open=trailer is not None,
         )  # fmt: skip
-        return self._append_encoded(topic, queue_id, batch)
+        return self._append_encoded(topic, queue_id, batch, trailer)
 
     def append_slices(
         self,
@@ -732,6 +756,7 @@ class CommitLog:
         nulls: np.ndarray | None = None,
         tag: str | None = None,
         born_ts_ms: np.ndarray | int | None = None,
+        trailer: Trailer | None = None,
     ) -> BatchAppendResult:
         """``append_batch`` for bodies laid out as Arrow binary columns are: body i is
         ``data[offsets[i]:offsets[i + 1]]``, None where ``nulls[i]``; no keys or
@@ -743,72 +768,121 @@ class CommitLog:
             not non-decreasing within ``data``, or arrays of the wrong length.
         """
         batch = prepare_slices(
-            topic, queue_id, offsets, data, nulls, tag, born_ts_ms, self._record_size_limit_bytes
-        )
-        return self._append_encoded(topic, queue_id, batch)
+            topic, queue_id, offsets, data, nulls, tag, born_ts_ms,
+            self._record_size_limit_bytes, group_open=trailer is not None,
+        )  # fmt: skip
+        return self._append_encoded(topic, queue_id, batch, trailer)
 
-    def _append_encoded(self, topic: str, queue_id: int, batch: PreparedBatch) -> BatchAppendResult:
-        """Write a validated batch under the lock: ``batch.encode`` writes what fits
-        the current file from record ``done`` on and returns where it stopped; files
-        roll between calls. A crash keeps a prefix of the batch."""
-        sizes, encode = batch.sizes, batch.encode
-        count = len(sizes)
-        key = (topic, queue_id)
-        positions = np.empty(count, dtype=np.int64)
+    def _append_encoded(
+        self, topic: str, queue_id: int, batch: PreparedBatch, trailer: Trailer | None = None
+    ) -> BatchAppendResult:
+        """Write a validated batch (and its trailer) under one hold of the lock.
+
+        A group (batch + trailer) that does not fit the rest of the current file but
+        fits an empty one starts in the next file, so a group rarely spans files.
+        A crash keeps a prefix of the batch; with a trailer, recovery drops a group
+        cut short."""
+        appender = self._appender
         with self._lock:
             self._check_writable()
-            first_queue_offset = self._queue_offsets.get(key)
-            if first_queue_offset is None:
-                first_queue_offset = self._load_queue_offset(topic, queue_id)
-            store_ts_ms = max(self.now_ms(), self._appender.last_store_ts_ms)
-            position = self._appender.write_position
-            current = self._current
-            assert current is not None
-            mapping = current.mapping
-            in_file = position - current.start_offset
-            file_size = current.size_bytes
-            done = 0
-            while True:
-                # Encode what fits this file in one call (C when built), then roll.
-                stop = encode(mapping, in_file, file_size, position,
-                              first_queue_offset + done, store_ts_ms, done, positions)  # fmt: skip
-                if stop > done:
-                    written = int(positions[stop - 1]) + int(sizes[stop - 1]) - position
-                    position += written
-                    in_file += written
-                    done = stop
-                if position >= self._appender.prepare_next_at:
-                    self._prepare_next()
-                if done == count:
-                    break
-                if stop == done and in_file == 0:  # config keeps records below a file
-                    raise LimitExceededError(f"record {done} does not fit an empty file")
-                self._appender.write_position = position  # the records before the roll are in
-                self._queue_offsets[key] = first_queue_offset + done
-                current = self._roll(in_file)
-                mapping = current.mapping
-                file_size = current.size_bytes
-                position = current.start_offset
-                in_file = 0
-            self._queue_offsets[key] = first_queue_offset + count
-            self._appender.write_position = position
-            self._appender.last_store_ts_ms = store_ts_ms
-            feed = self._appender.feed
-            if feed is not None and not self._appender.feed_overflow:
-                if len(feed) < FEED_ENTRIES_MAX:
+            first_queue_offset = self._queue_offset(topic, queue_id)
+            store_ts_ms = max(self.now_ms(), appender.last_store_ts_ms)
+            closing = None
+            if trailer is not None:  # before any byte is written: it may raise
+                closing = trailer.prepare(first_queue_offset, self._record_size_limit_bytes)
+                self._start_group(int(batch.sizes.sum()) + int(closing.sizes.sum()))
+            positions = self._write_locked(topic, queue_id, batch, first_queue_offset, store_ts_ms)
+            if closing is not None:
+                assert trailer is not None
+                closing_first = self._queue_offset(trailer.topic, trailer.queue_id)
+                closing_positions = self._write_locked(
+                    trailer.topic, trailer.queue_id, closing, closing_first, store_ts_ms
+                )
+            appender.last_store_ts_ms = store_ts_ms
+            position = appender.write_position
+            feed = appender.feed
+            if feed is not None and not appender.feed_overflow:
+                if len(feed) + 2 <= FEED_ENTRIES_MAX:
                     feed.append(
-                        BatchFeed(positions, sizes, topic, queue_id, first_queue_offset,
+                        BatchFeed(positions, batch.sizes, topic, queue_id, first_queue_offset,
                                   store_ts_ms, batch.encoded, batch.tag, batch.born_ts_ms)
                     )  # fmt: skip
+                    if closing is not None:
+                        assert trailer is not None
+                        feed.append(
+                            BatchFeed(closing_positions, closing.sizes, trailer.topic,
+                                      trailer.queue_id, closing_first, store_ts_ms,
+                                      closing.encoded, closing.tag, closing.born_ts_ms)
+                        )  # fmt: skip
                 else:
-                    self._appender.feed_overflow = True
-        listener = self._appender.listener
+                    appender.feed_overflow = True
+        listener = appender.listener
         if listener is not None:
             listener()
         group_commit = self._group_commit
         if group_commit is not None:
             self._wait_durable(group_commit, position)
-        return BatchAppendResult(positions, sizes, first_queue_offset, store_ts_ms)
+        return BatchAppendResult(positions, batch.sizes, first_queue_offset, store_ts_ms)
+
+    def _queue_offset(self, topic: str, queue_id: int) -> int:
+        """Under the lock: the next queue offset of (topic, queue_id)."""
+        queue_offset = self._queue_offsets.get((topic, queue_id))
+        if queue_offset is None:
+            queue_offset = self._load_queue_offset(topic, queue_id)
+        return queue_offset
+
+    def _start_group(self, size: int) -> None:
+        """Under the lock: roll to the next file when a group of ``size`` bytes does not
+        fit the rest of this one but fits an empty file."""
+        current = self._current
+        assert current is not None
+        in_file = self._appender.write_position - current.start_offset
+        if in_file and in_file + size + BLANK_SIZE > current.size_bytes >= size + BLANK_SIZE:
+            self._roll(in_file)
+
+    def _write_locked(
+        self, topic: str, queue_id: int, batch: PreparedBatch, first_queue_offset: int,
+        store_ts_ms: int,
+    ) -> np.ndarray:  # fmt: skip
+        """Under the lock: ``batch.encode`` writes what fits the current file from record
+        ``done`` on and returns where it stopped; files roll between calls. Moves the
+        write position and the queue's offset; returns the records' positions."""
+        sizes, encode = batch.sizes, batch.encode
+        count = len(sizes)
+        key = (topic, queue_id)
+        positions = np.empty(count, dtype=np.int64)
+        position = self._appender.write_position
+        current = self._current
+        assert current is not None
+        mapping = current.mapping
+        in_file = position - current.start_offset
+        file_size = current.size_bytes
+        done = 0
+        while True:
+            # Encode what fits this file in one call (C when built), then roll.
+            stop = encode(mapping, in_file, file_size, position,
+                          first_queue_offset + done, store_ts_ms, done, positions)  # fmt: skip
+            if stop > done:
+                written = int(positions[stop - 1]) + int(sizes[stop - 1]) - position
+                position += written
+                in_file += written
+                done = stop
+            if position >= self._appender.prepare_next_at:
+                self._prepare_next()
+            if done == count:
+                break
+            if stop == done and in_file == 0:  # config keeps records below a file
+                raise LimitExceededError(f"record {done} does not fit an empty file")
+            self._appender.write_position = position  # the records before the roll are in
+            self._queue_offsets[key] = first_queue_offset + done
+            current = self._roll(in_file)
+            mapping = current.mapping
+            file_size = current.size_bytes
+            position = current.start_offset
+            in_file = 0
+        self._queue_offsets[key] = first_queue_offset + count
+        self._appender.write_position = position
+        return positions
 
     @contextlib.contextmanager
     def one_sync(self) -> Iterator[None]:

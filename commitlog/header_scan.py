@@ -15,6 +15,7 @@ per record into ``out``, an int64 array of ``DISPATCH_ROWS`` rows (``new_columns
     DISPATCH_TOPIC_LEN     topic length; the topic starts HEADER_SIZE into the record
     DISPATCH_TAG_LEN       tag length; the tag follows the topic
     DISPATCH_KEYS_LEN      keys length; the keys follow the tag
+    DISPATCH_FLAGS         the record's flags (record.py's FLAG_*)
 
 It takes every record that starts before ``stop`` whole, and returns ``(end, count,
 status)``: where it stopped (a record boundary), the columns filled, and why
@@ -56,6 +57,7 @@ from mqstore.commitlog.record import (
 
 __all__ = [
     "DISPATCH_BLANK",
+    "DISPATCH_FLAGS",
     "DISPATCH_FULL",
     "DISPATCH_INVALID",
     "DISPATCH_ROWS",
@@ -82,7 +84,8 @@ DISPATCH_TOPIC_HASH: Final = 6
 DISPATCH_TOPIC_LEN: Final = 7
 DISPATCH_TAG_LEN: Final = 8
 DISPATCH_KEYS_LEN: Final = 9
-DISPATCH_ROWS: Final = 10
+DISPATCH_FLAGS: Final = 10
+DISPATCH_ROWS: Final = 11
 
 _INT64_MAX: Final = (1 << 63) - 1
 
@@ -98,7 +101,8 @@ if NATIVE is not None:  # the C copy of these constants: an ImportError if stale
             "DISPATCH_STORE_TS": DISPATCH_STORE_TS,
             "DISPATCH_TOPIC_HASH": DISPATCH_TOPIC_HASH,
             "DISPATCH_TOPIC_LEN": DISPATCH_TOPIC_LEN, "DISPATCH_TAG_LEN": DISPATCH_TAG_LEN,
-            "DISPATCH_KEYS_LEN": DISPATCH_KEYS_LEN, "DISPATCH_ROWS": DISPATCH_ROWS,
+            "DISPATCH_KEYS_LEN": DISPATCH_KEYS_LEN, "DISPATCH_FLAGS": DISPATCH_FLAGS,
+            "DISPATCH_ROWS": DISPATCH_ROWS,
         },
         "commitlog/header_scan.py",
     )  # fmt: skip
@@ -180,7 +184,7 @@ def dispatch_columns_py(
         rows[:, count] = (
             physical, total, queue_offset, queue_id, born, store_ts,
             topic_hash - (1 << 64) if topic_hash > _INT64_MAX else topic_hash,
-            topic_len, tag_len, keys_len,
+            topic_len, tag_len, keys_len, flags,
         )  # fmt: skip
         count += 1
         at += total

@@ -31,6 +31,12 @@ fit: ``total_size`` = bytes left in the file, ``magic`` = BLANK_MAGIC, and a che
 over its 16-byte header. A record never spans two files, and every file keeps room
 for a blank record, so a reader always finds one of the two magics at a record start.
 
+Append groups: records appended as one unit (a Kafka producer's batch and the record
+of its producer state that follows it) carry ``FLAG_GROUP_OPEN`` on every record but
+the last. Nothing else is written between them, and a crash that cuts a group short
+loses all of it: recovery (commitlog/recovery.py) ends the log after the last record
+without the flag. A reader that is not recovering treats the flag as opaque.
+
 Decoding validates size, magic and checksum; any failure is a ``CorruptDataError``
 naming the file and the position, never a half-decoded record.
 
@@ -61,6 +67,7 @@ from mqstore.commitlog.native import NATIVE, check_layout
 __all__ = [
     "BLANK_MAGIC",
     "BLANK_SIZE",
+    "FLAG_GROUP_OPEN",
     "FLAG_NULL_BODY",
     "HEADER",
     "HEADER_SIZE",
@@ -126,7 +133,12 @@ assert BLANK_SIZE == 16
 assert _TAIL.size == HEADER_SIZE - PREFIX.size
 
 FLAG_NULL_BODY: Final = 0x1  # the body is None (a Kafka tombstone), body_len is 0
-FLAGS_KNOWN: Final = FLAG_NULL_BODY
+#: Not the last record of its append group (see the module): the records of a group
+#: follow one another in the log (one lock hold writes them), and recovery ends the
+#: log after the last record without this flag, so a group cut short by a crash is
+#: dropped whole.
+FLAG_GROUP_OPEN: Final = 0x2
+FLAGS_KNOWN: Final = FLAG_NULL_BODY | FLAG_GROUP_OPEN
 RECORD_SIZE_MAX: Final = 0xFFFF_FFFF  # total_size is a u32
 _INT64_MAX: Final = (1 << 63) - 1
 
@@ -469,10 +481,11 @@ def encode_bodies_py(
     start: int,
     positions: Any,
     borns: list[int] | None = None,
+    extra_flags: int = 0,
 ) -> int:
     """``encode_run`` for records that share topic and tag, have no keys or
     properties, and share ``born_ts_ms`` unless ``borns`` gives one each (a plain
-    batch, checked by ``check_bodies``)."""
+    batch, checked by ``check_bodies``); ``extra_flags`` is set on every record."""
     _check_run(buffer, in_file, file_size, physical_offset, first_queue_offset, queue_id,
                len(bodies), start, positions)  # fmt: skip
     if len(topic) > TAG_MAX_BYTES or len(tag) > TAG_MAX_BYTES:
@@ -483,7 +496,7 @@ def encode_bodies_py(
         body = bodies[index]
         if body is not None and not isinstance(body, bytes | bytearray | memoryview):
             raise TypeError("a body is not bytes-like (check_bodies first)")
-        flags = FLAG_NULL_BODY if body is None else 0
+        flags = (FLAG_NULL_BODY if body is None else 0) | extra_flags
         body = b"" if body is None else body
         size = fixed + len(body)
         if in_file + size + BLANK_SIZE > file_size:
@@ -517,21 +530,29 @@ def encode_slices_py(
     borns: Any,
     start: int,
     positions: Any,
+    flags: int,
 ) -> int:
     """``encode_bodies`` for bodies given as an Arrow binary column: body i is
     ``data[offsets[i]:offsets[i + 1]]`` (None where ``nulls[i]``); ``borns`` gives
-    per-record born timestamps, or None for ``born_ts_ms`` for all."""
+    per-record born timestamps, or None for ``born_ts_ms`` for all; ``flags`` (0 or
+    FLAG_GROUP_OPEN) is set on every record.
+
+    Raises:
+        ValueError: ``flags`` is neither, as the C version.
+    """
+    if flags not in (0, FLAG_GROUP_OPEN):
+        raise ValueError("encode_slices: flags must be 0 or FLAG_GROUP_OPEN")
     view = memoryview(data).cast("B")
     bounds = offsets.tolist()
-    flags = None if nulls is None else nulls.tolist()
+    null_at = None if nulls is None else nulls.tolist()
     bodies = [
-        None if flags is not None and flags[i] else view[bounds[i] : bounds[i + 1]]
+        None if null_at is not None and null_at[i] else view[bounds[i] : bounds[i + 1]]
         for i in range(len(bounds) - 1)
     ]
     return encode_bodies_py(
         buffer, in_file, file_size, physical_offset, first_queue_offset, store_ts_ms,
         born_ts_ms, queue_id, topic, tag, bodies, start, positions,
-        None if borns is None else borns.tolist(),
+        None if borns is None else borns.tolist(), flags,
     )  # fmt: skip
 
 
@@ -555,16 +576,17 @@ def scan_records_py(
     store_ts_ms: Any,
     topic_lens: Any,
     topic_hashes: Any,
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, int]:
     """Walk and verify records from ``start`` as ``decode`` does, filling one row of
     the output arrays per record (position in the file, size, queue offset, queue id,
     store timestamp, topic length, XXH64 of the topic bytes).
 
     Returns:
-        (end, count, status): where the walk stopped, how many rows were filled, and
-        why (SCAN_*).
+        (end, count, status, closed): where the walk stopped, how many rows were
+        filled, why (SCAN_*), and how many of those rows end with a record that
+        closes its append group (the last one without FLAG_GROUP_OPEN; 0: none).
     """
-    at, count, capacity = start, 0, len(positions)
+    at, count, capacity, closed = start, 0, len(positions), 0
     columns = (sizes, queue_offsets, queue_ids, store_ts_ms, topic_lens, topic_hashes)
     if min(map(len, columns)) < capacity or not 0 <= start <= limit <= memoryview(buffer).nbytes:
         raise ValueError("scan_records: outputs too short, bad range or start")
@@ -572,18 +594,18 @@ def scan_records_py(
         raise ValueError("scan_records: outputs too short, bad range or start")
     while True:
         if count == capacity:
-            return at, count, SCAN_FULL
+            return at, count, SCAN_FULL, closed
         if at + BLANK_SIZE > limit:
-            return at, count, SCAN_LIMIT
+            return at, count, SCAN_LIMIT, closed
         total, magic, _ = PREFIX.unpack_from(buffer, at)
         if total == 0 and magic == 0:
-            return at, count, SCAN_ZEROS
+            return at, count, SCAN_ZEROS, closed
         try:
             record = decode(buffer, at, limit, "", file_start)
         except CorruptDataError:
-            return at, count, SCAN_INVALID
+            return at, count, SCAN_INVALID, closed
         if record is None:
-            return at + total, count, SCAN_BLANK
+            return at + total, count, SCAN_BLANK, closed
         topic = record.topic.encode("ascii")
         positions[count] = at
         sizes[count] = record.size
@@ -594,6 +616,8 @@ def scan_records_py(
         topic_hashes[count] = xxhash.xxh64_intdigest(topic)
         at += record.size
         count += 1
+        if not record.flags & FLAG_GROUP_OPEN:
+            closed = count
 
 
 #: Header fields in layout order: the C file's AT_* offsets are derived from HEADER.
@@ -611,6 +635,7 @@ LAYOUT: Final = {
     "MESSAGE_MAGIC": MESSAGE_MAGIC,
     "BLANK_MAGIC": BLANK_MAGIC,
     "FLAG_NULL_BODY": FLAG_NULL_BODY,
+    "FLAG_GROUP_OPEN": FLAG_GROUP_OPEN,
     "FLAGS_KNOWN": FLAGS_KNOWN,
     "RECORD_SIZE_MAX": RECORD_SIZE_MAX,
     "SCAN_FULL": SCAN_FULL,

@@ -6,10 +6,16 @@ and stops at the first place that is not a valid record: zeros (the unwritten re
 a file), a record that does not verify, or the end of the files; an end-of-file blank
 record moves it to the next file. No Record object is built per record.
 
-It returns that end and folds what the scanned records say into the queue-offset
-table (each queue's next offset) and the newest store timestamp: records past the
-checkpoint may not be in their ConsumeQueues yet, and the first append to a queue must
-already count them. ``CommitLog.open`` then truncates the log at the end.
+An append group cut short (record.py's FLAG_GROUP_OPEN: the last records scanned
+all carry the flag, so the record that closes their group is missing) is not part of
+the log: the end is moved back to where the group starts. A group never straddles the
+scan's start: the checkpoint's position is a write position read under the append
+lock, and a group is written in one hold of it.
+
+It returns that end and folds what the scanned records before it say into the
+queue-offset table (each queue's next offset) and the newest store timestamp: records
+past the checkpoint may not be in their ConsumeQueues yet, and the first append to a
+queue must already count them. ``CommitLog.open`` then truncates the log at the end.
 """
 
 from __future__ import annotations
@@ -70,42 +76,73 @@ def scan_log(
     """
     columns = ScanColumns()
     position = start
+    closed_end = start  # the end of the last record that closes its group
+    pending: dict[tuple[str, int], int] = {}  # what the open group's records fold to
     while True:
         try:
             mapped = files.find(position)
         except OffsetOutOfRangeError:
-            return position, newest_ts_ms
+            return _end(position, closed_end, pending), newest_ts_ms
         in_file = position - mapped.start_offset
-        end, count, status = scan_records(
+        end, count, status, closed = scan_records(
             mapped.mapping, in_file, mapped.size_bytes, mapped.start_offset, columns.positions,
             columns.sizes, columns.queue_offsets, columns.queue_ids, columns.stamps,
             columns.topic_lens, columns.topic_hashes,
         )  # fmt: skip
         if count:
-            newest_ts_ms = max(newest_ts_ms, fold_columns(mapped.mapping, count, columns, table))
+            newest_ts_ms = max(newest_ts_ms, int(columns.stamps[:count].max()))
+        if closed:  # the open group before this run (if any) is closed now
+            _merge(table, pending)
+            pending.clear()
+            fold_columns(mapped.mapping, closed, columns, table)
+            last = closed - 1
+            closed_end = mapped.start_offset + int(columns.positions[last] + columns.sizes[last])
+        if closed < count:
+            fold_columns(mapped.mapping, count, columns, pending, first=closed)
         position = mapped.start_offset + end
         if status == SCAN_INVALID:
             try:  # the reason, for the log
                 decode(mapped.mapping, end, mapped.size_bytes, mapped.path, mapped.start_offset)
             except CorruptDataError as error:
                 log.warning("CommitLog ends at %d: %s", position, error)
-            return position, newest_ts_ms
+            return _end(position, closed_end, pending), newest_ts_ms
         if status in (SCAN_ZEROS, SCAN_LIMIT):
-            return position, newest_ts_ms
+            return _end(position, closed_end, pending), newest_ts_ms
         # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
 
 
+def _end(end: int, closed_end: int, pending: dict[tuple[str, int], int]) -> int:
+    """Where the log ends: ``end``, or where an open group at the tail starts (the
+    end of the last closed one; the group's records, folded into ``pending`` only,
+    are forgotten)."""
+    if not pending:
+        return end
+    log.warning(
+        "CommitLog ends at %d: an append group cut short (%d bytes to %d) is dropped",
+        closed_end, end - closed_end, end,
+    )  # fmt: skip
+    return closed_end
+
+
+def _merge(table: dict[tuple[str, int], int], folded: dict[tuple[str, int], int]) -> None:
+    for key, next_offset in folded.items():
+        if next_offset > table.get(key, 0):
+            table[key] = next_offset
+
+
 def fold_columns(
-    buffer: Any, count: int, columns: ScanColumns, table: dict[tuple[str, int], int]
-) -> int:
-    """Fold a run of records scanned in ``buffer`` (a file's mapping, or a replicated
-    chunk) into the queue-offset table (one Python step per queue, not per record);
-    returns the run's newest store timestamp.
+    buffer: Any, count: int, columns: ScanColumns, table: dict[tuple[str, int], int],
+    first: int = 0,
+) -> int:  # fmt: skip
+    """Fold the rows ``first`` to ``count`` of a run of records scanned in ``buffer``
+    (a file's mapping, or a replicated chunk) into the queue-offset table (one Python
+    step per queue, not per record); returns the rows' newest store timestamp.
 
     The rows of one put batch are adjacent, so the run is cut into stretches of one
     (topic, queue) first, and only the stretches' maxima are sorted."""
-    hashes = columns.topic_hashes[:count]
-    ids, offsets = columns.queue_ids[:count], columns.queue_offsets[:count]
+    assert 0 <= first < count
+    hashes = columns.topic_hashes[first:count]
+    ids, offsets = columns.queue_ids[first:count], columns.queue_offsets[first:count]
     starts = np.flatnonzero(np.append(True, (hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1])))
     highest = np.maximum.reduceat(offsets, starts)  # each stretch's highest queue offset
     hashes, ids = hashes[starts], ids[starts]
@@ -115,11 +152,11 @@ def fold_columns(
         np.append((hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1]), True)
     )  # the last stretch of each (topic, queue) group holds its highest offset
     for stretch in order[last].tolist():
-        row = int(starts[stretch])
+        row = first + int(starts[stretch])
         at = int(columns.positions[row]) + HEADER_SIZE
         topic = str(buffer[at : at + int(columns.topic_lens[row])], "ascii")
         key = (topic, int(columns.queue_ids[row]))
         offset = int(highest[stretch])
         if offset >= table.get(key, 0):
             table[key] = offset + 1
-    return int(columns.stamps[:count].max())
+    return int(columns.stamps[first:count].max())

@@ -51,12 +51,17 @@ class ReplicaPlan(NamedTuple):
 
     ``pieces`` are (physical start, chunk start, chunk end), one per file touched, in
     order; ``newest_store_ts_ms`` is the largest store timestamp of its messages (0:
-    none); ``queue_offsets`` maps each (topic, queue id) it holds to its next offset.
+    none); ``queue_offsets`` maps each (topic, queue id) it holds to its next offset;
+    ``group_end`` is the physical end of its last record that closes an append group
+    (None: no record does), and ``ends_open`` whether its last message record leaves
+    its group open (record.py's FLAG_GROUP_OPEN).
     """
 
     pieces: list[tuple[int, int, int]]
     newest_store_ts_ms: int
     queue_offsets: dict[tuple[str, int], int]
+    group_end: int | None = None
+    ends_open: bool = False
 
 
 def plan_replica_chunk(data: Any, position: int, file_size_bytes: int) -> ReplicaPlan:
@@ -83,11 +88,13 @@ def plan_replica_chunk(data: Any, position: int, file_size_bytes: int) -> Replic
     newest_ts_ms = 0
     at = 0  # chunk offset of the current piece's next record
     piece_start = 0
+    group_end: int | None = None
+    ends_open = False
     while at < length:
         physical = position + at
         file_end = (physical // file_size_bytes + 1) * file_size_bytes
         limit = min(length, file_end - position)
-        end, count, status = scan_records(
+        end, count, status, closed = scan_records(
             view, at, limit, position, columns.positions, columns.sizes, columns.queue_offsets,
             columns.queue_ids, columns.stamps, columns.topic_lens, columns.topic_hashes,
         )  # fmt: skip
@@ -96,6 +103,10 @@ def plan_replica_chunk(data: Any, position: int, file_size_bytes: int) -> Replic
             if position + last_start + int(columns.sizes[count - 1]) > file_end - BLANK_SIZE:
                 _refuse(view, position, last_start, "no room for a blank record after it")
             newest_ts_ms = max(newest_ts_ms, fold_columns(view, count, columns, table))
+            if closed:
+                row = closed - 1
+                group_end = position + int(columns.positions[row] + columns.sizes[row])
+            ends_open = closed < count
         at = end
         if status == SCAN_FULL:
             continue
@@ -115,7 +126,7 @@ def plan_replica_chunk(data: Any, position: int, file_size_bytes: int) -> Replic
     if piece_start < length:
         pieces.append((position + piece_start, piece_start, length))
     assert sum(stop - start for _, start, stop in pieces) == length
-    return ReplicaPlan(pieces, newest_ts_ms, table)
+    return ReplicaPlan(pieces, newest_ts_ms, table, group_end, ends_open)
 
 
 def _reason(view: memoryview, position: int, at: int, limit: int) -> str:

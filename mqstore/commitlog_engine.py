@@ -22,13 +22,14 @@ does. Reads never create a topic: an unknown topic or partition is UnknownTopicE
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.errors import (
     InvalidArgumentError,
     InvalidRecordError,
@@ -123,6 +124,7 @@ class CommitLogEngine:
             tags: Sequence[str | None] | str | None = None,
             properties: Sequence[Any] | None = None,
             born_timestamp_ms: Sequence[int | None] | int | None = None,
+            trailer: Trailer | None = None,
         ) -> list[PutResult]: ...
         def get(
             self, topic: str, queue_id: int, offset: int, max_messages: int = 32
@@ -190,8 +192,18 @@ class CommitLogEngine:
                 return 0, 0
             return self.min_offset(topic, 0), self.max_offset(topic, 0)
 
+        def trailer(key: bytes, value_for: Callable[[int], bytes]) -> Trailer:
+            if self.topics.get(topic) is None:
+                self.create_topic(topic, 1, cleanup_policy="compact")
+            properties = [(KEY_PROPERTY, key)]
+            return Trailer(topic, 0, lambda first: (value_for(first), properties))
+
         return InternalLog(
-            append=append, read=read, bounds=bounds, is_follower=lambda: self.commitlog.is_follower
+            append=append,
+            read=read,
+            bounds=bounds,
+            is_follower=lambda: self.commitlog.is_follower,
+            trailer=trailer,
         )
 
     # ------------------------------------------------------------------ topics
@@ -436,10 +448,15 @@ class CommitLogEngine:
     # ------------------------------------------------------------------ records
 
     def append_records(
-        self, topic: str, partition: int, records: Sequence[ProducerRecord]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[ProducerRecord],
+        trailer: Trailer | None = None,
     ) -> list[AppendedRecord]:
         """Append records to one partition under one lock and one flush; an unknown
-        topic is created first when ``auto_create_topics`` is on."""
+        topic is created first when ``auto_create_topics`` is on. ``trailer``: a
+        record appended right after, as one append group (``InternalLog.trailer``)."""
         config = self.topic_for_write(topic)
         if type(partition) is not int or not 0 <= partition < config.partitions:
             config = self._partition(topic, partition)  # raises what is wrong
@@ -450,7 +467,7 @@ class CommitLogEngine:
                 raise InvalidRecordError(f"{topic} is an internal topic: it takes no records")
             check_keyed(topic, records)  # Kafka's INVALID_RECORD
         log_append = config.timestamp_type == "LogAppendTime"
-        if len(records) == 1:  # the per-message path skips the batch machinery
+        if len(records) == 1 and trailer is None:  # the per-message path: no batch machinery
             value, keys, pairs, born, sizes = _prepare(records[0])
             result = self.put(
                 topic, partition, value, keys=keys, properties=pairs, born_timestamp_ms=born
@@ -465,6 +482,7 @@ class CommitLogEngine:
             keys=[item[1] for item in prepared],
             properties=[item[2] for item in prepared],
             born_timestamp_ms=[item[3] for item in prepared],
+            trailer=trailer,
         )
         return [
             AppendedRecord(

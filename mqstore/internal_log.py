@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 if TYPE_CHECKING:
+    from mqstore.commitlog.batch import Trailer
     from mqstore.engine import EngineBatch
 
 __all__ = ["INTERNAL_TOPICS", "OFFSETS_TOPIC", "PRODUCERS_TOPIC", "InternalLog"]
@@ -45,9 +46,15 @@ class InternalLog:
             exists).
         bounds: (earliest, latest) offsets ((0, 0) before the topic exists).
         is_follower: whether the store copies a leader's log now.
+        trailer: ``trailer(key, value_for)`` makes the record (key, ``value_for(the
+            batch's first offset)``) the trailer of a batch (the topic is created
+            first when missing): given to the batch's append, it is written right
+            after the batch as one append group, so a crash keeps both or neither
+            (mqstore.commitlog.batch.Trailer).
     """
 
     append: Callable[[Sequence[tuple[bytes, bytes | None]]], None]
     read: Callable[[int], EngineBatch]
     bounds: Callable[[], tuple[int, int]]
     is_follower: Callable[[], bool]
+    trailer: Callable[[bytes, Callable[[int], bytes]], Trailer]

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from mqstore import retention
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.checkpoint import Checkpoint, CheckpointFile
 from mqstore.commitlog.commitlog import BatchAppendResult, CommitLog
 from mqstore.commitlog.durable import makedirs_durable
@@ -741,15 +742,18 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         tags: Sequence[str | None] | str | None = None,
         properties: Sequence[Any] | None = None,
         born_timestamp_ms: Sequence[int | None] | int | None = None,
+        trailer: Trailer | None = None,
     ) -> list[PutResult]:
         """Append many messages to one queue under one lock and one flush.
 
         ``keys``/``properties`` (and ``tags``/``born_timestamp_ms`` when sequences)
         hold one item per body. Nothing is appended if any message is invalid.
+        ``trailer``: a record appended right after, as one append group with the
+        batch (mqstore.commitlog.batch.Trailer; its topic must exist).
         """
         result = self.put_batch_arrays(
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
-            born_timestamp_ms=born_timestamp_ms,
+            born_timestamp_ms=born_timestamp_ms, trailer=trailer,
         )  # fmt: skip
         first, stamp = result.first_queue_offset, result.store_timestamp_ms
         count = len(result.sizes)
@@ -777,6 +781,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         tags: Sequence[str | None] | str | None = None,
         properties: Sequence[Any] | None = None,
         born_timestamp_ms: Sequence[int | None] | int | None = None,
+        trailer: Trailer | None = None,
     ) -> BatchAppendResult:
         """``put_batch`` that reports where the batch landed as arrays, not one
         PutResult per message: message i is at ``physical_offsets[i]`` with queue
@@ -789,7 +794,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             check_compaction_keys(topic, keys, properties, len(bodies))
         result = self.commitlog.append_batch(
             topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
-            born_ts_ms=born_timestamp_ms,
+            born_ts_ms=born_timestamp_ms, trailer=trailer,
         )  # fmt: skip
         self._after_batch()
         return result
@@ -804,6 +809,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         nulls: np.ndarray | None = None,
         tag: str | None = None,
         born_timestamp_ms: np.ndarray | int | None = None,
+        trailer: Trailer | None = None,
     ) -> BatchAppendResult:
         """``put_batch_arrays`` for bodies laid out as an Arrow binary column: body i is
         ``data[offsets[i]:offsets[i + 1]]`` (None where ``nulls[i]``), with one tag and
@@ -819,8 +825,9 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         if self._compacted_topic(topic):
             check_compaction_keys(topic, None, None, len(offsets) - 1)
         result = self.commitlog.append_slices(
-            topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms
-        )
+            topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms,
+            trailer=trailer,
+        )  # fmt: skip
         self._after_batch()
         return result
 

@@ -35,6 +35,7 @@ from mqstore.broker.batch import CORRUPT_MESSAGE, InvalidBatchError, ProducedBat
 from mqstore.broker.fetch_batch import build_batch
 from mqstore.broker.log import READ_RECORDS_MAX, Appended, RecordLog
 from mqstore.broker.produce_columns import ProducedColumns
+from mqstore.commitlog.batch import Trailer
 from mqstore.reader import GET_BATCH_BYTES_MAX
 from mqstore.segmented.record_batch import TIMESTAMP_TYPE_MASK
 
@@ -49,8 +50,11 @@ EXTRA_RECORDS: Final = 16  # added to a later read's estimate, so it rarely fall
 class ColumnLog(RecordLog):
     """``PartitionLog`` over a ``MessageStore``: Produce and Fetch as columns, in C."""
 
-    def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended:
-        """Append a checked batch's records (see the module docstring for which path).
+    def append(
+        self, topic: str, partition: int, batch: ProducedBatch, trailer: Trailer | None = None
+    ) -> Appended:
+        """Append a checked batch's records (see the module docstring for which path),
+        and the ``trailer`` right after them, one append group.
 
         Raises:
             InvalidBatchError: the records do not decode (nothing appended).
@@ -60,7 +64,7 @@ class ColumnLog(RecordLog):
         engine = self.engine
         config = engine.topic_for_write(topic)
         if config.compacted or type(partition) is not int or partition >= config.partitions:
-            return super().append(topic, partition, batch)  # or its errors
+            return super().append(topic, partition, batch, trailer)  # or its errors
         header, data = inflated(batch)
         try:
             columns = ProducedColumns.of(
@@ -70,11 +74,12 @@ class ColumnLog(RecordLog):
             raise InvalidBatchError(f"records do not decode: {error}", CORRUPT_MESSAGE) from None
         producer_stamped = header.attributes & TIMESTAMP_TYPE_MASK  # all at max_timestamp
         if not columns.plain or producer_stamped or (columns.timestamps_ms < 0).any():
-            return super().append(topic, partition, batch)
+            return super().append(topic, partition, batch, trailer)
         nulls = columns.value_sizes < 0
         result = engine.put_batch_buffers(  # type: ignore[attr-defined]
             topic, partition, columns.value_offsets, columns.values,
             nulls=nulls if nulls.any() else None, born_timestamp_ms=columns.timestamps_ms,
+            trailer=trailer,
         )  # fmt: skip
         assert len(result.sizes) == header.records_count
         log_append = config.timestamp_type == "LogAppendTime"

@@ -403,8 +403,11 @@ class Handlers:
                 start = self.log.log_start_offset(topic, partition)
                 return answer(self._replicated(replication, timeout_ms), check.duplicate_offset,
                               -1, start)  # fmt: skip
-            with self.log.one_sync():  # the batch and its state record: one sync
-                appended = self.log.append(topic, partition, batch)
+            # The batch and its state record: one append group (a crash keeps both or
+            # neither), and one sync.
+            trailer = self.producers.trailer(*identity, header.base_sequence, header.records_count)
+            with self.log.one_sync():
+                appended = self.log.append(topic, partition, batch, trailer)
                 self.producers.appended(
                     *identity, header.base_sequence, header.records_count, appended.base_offset
                 )

@@ -12,7 +12,9 @@ it):
   ``Engine.append_records``, one lock and one flush per batch. The Kafka key is
   stored and indexed (``query_by_key`` finds it), headers become properties, the
   producer's timestamp the CreateTime (or the append time on a LogAppendTime
-  topic). The producer's id, epoch and sequences are not stored.
+  topic). The producer's id, epoch and sequences are not stored in the records;
+  on the CommitLog engine the producer's state record follows the batch as its
+  trailer, one append group (``Trailer``, mqstore.broker.producers).
 - **Fetch**: records are read as columns (``Engine.read_batch``, ``get_batch`` on the
   CommitLog engine) and built into uncompressed v2 batches, one per read.
 
@@ -21,8 +23,9 @@ unit per Kafka record) replaces ``RecordLog`` behind the same interface, with no
 change to the protocol code.
 
 Crash policy: the engine's. An append is one ``append_records`` call, so a crash
-keeps a prefix of a batch's records, never a torn record; under sync flush it
-returns only once they are durable.
+keeps a prefix of a batch's records, never a torn record (with a trailer, the whole
+batch and its trailer or neither); under sync flush it returns only once they are
+durable.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from contextlib import AbstractContextManager
 from typing import Final, NamedTuple, Protocol
 
 from mqstore.broker.batch import ProducedBatch, build_fetch_batch, decode_produced
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.errors import StoreError
 from mqstore.engine import Engine, EngineBatch
 from mqstore.topics import TopicConfig
@@ -79,7 +83,9 @@ class PartitionLog(Protocol):
 
     def delete_records(self, topic: str, partition: int, before_offset: int) -> int: ...
 
-    def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended: ...
+    def append(
+        self, topic: str, partition: int, batch: ProducedBatch, trailer: Trailer | None = None
+    ) -> Appended: ...
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[bytes]: ...
 
@@ -140,8 +146,11 @@ class RecordLog:
             )
         return int(delete(topic, partition, before_offset))
 
-    def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended:
-        """Append a checked batch's records.
+    def append(
+        self, topic: str, partition: int, batch: ProducedBatch, trailer: Trailer | None = None
+    ) -> Appended:
+        """Append a checked batch's records (and the ``trailer``, one append group
+        with them: only an engine with a CommitLog takes one).
 
         Raises:
             InvalidBatchError: the records do not decode (nothing appended).
@@ -149,7 +158,12 @@ class RecordLog:
                 sync flush FlushTimeoutError: appended but not acknowledged).
         """
         records = decode_produced(batch)
-        appended = self.engine.append_records(topic, partition, records)
+        if trailer is None:
+            appended = self.engine.append_records(topic, partition, records)
+        else:
+            appended = self.engine.append_records(  # type: ignore[call-arg]
+                topic, partition, records, trailer
+            )
         assert len(appended) == len(records)
         config = self.engine.describe_topic(topic)
         stamp = appended[0].timestamp_ms if config.timestamp_type == "LogAppendTime" else -1

@@ -12,23 +12,25 @@ topic, partition):
 
 Persistence, on the CommitLog engine: through the log (``log``), so a follower
 that copies the CommitLog holds the same state and, promoted, answers a retried
-batch as the old leader would (duplicate -> its original offsets). Right after each
-appended batch, the producer's entry (its epoch and remembered batches) is appended
-as one record of the internal compacted topic ``__mqstore_producer_state``
-(mqstore.internal_log), keyed by (producer id, topic, partition)::
+batch as the old leader would (duplicate -> its original offsets). Each batch of an
+idempotent producer is appended with the producer's entry (its epoch and remembered
+batches, the new batch included) as its trailer: one record of the internal
+compacted topic ``__mqstore_producer_state`` (mqstore.internal_log) written right
+after the batch under the same lock hold, keyed by (producer id, topic, partition)::
 
     key   (big-endian): producer_id i64 | partition i32 | topic (utf-8, the rest)
     value (big-endian): epoch i16 | batches u8 | batches x (first_sequence i32
                         | last_sequence i32 | base_offset i64), oldest first
 
-The log is prefix-closed, so "the entry's record is durable" implies "its batch is
-durable": the state never names a batch the log lost. The window between the two
-appends stays: a SIGKILL or power cut between them forgets that batch's sequence,
-and a retry of it is appended again (Kafka closes it by carrying the producer id and
-sequence in the batch header itself). The state is folded from the topic when the
-broker starts and by ``reload`` (after a promotion or a truncation); compaction
-keeps one record per key. A journal left by an older version (below) is imported
-into the topic once and removed.
+The batch's records and the trailer are one append group (FLAG_GROUP_OPEN,
+mqstore.commitlog.record): a crash keeps both or neither, as Kafka's batch header
+carries the producer id and sequences with the records. So no crash can leave a
+batch whose state is lost (its retry would be appended again) or a state naming a
+batch the log lost; a follower's end never splits the group (the leader cuts chunks
+at group ends) and a promoted follower drops a group it holds only half of. The
+state is folded from the topic when the broker starts and by ``reload`` (after a
+promotion or a truncation); compaction keeps one record per key. A journal left by
+an older version (below) is imported into the topic once and removed.
 
 Persistence, on the segmented engine (its own logs are per partition): a journal,
 ``broker-producers.log`` in the store's root. Every appended
@@ -66,6 +68,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.durable import fsync_directory, fsync_file
 from mqstore.commitlog.errors import StoreError
 from mqstore.internal_log import PRODUCERS_TOPIC, InternalLog
@@ -232,9 +235,32 @@ class ProducerState:
         assert self._log is not None
         entry = self._entries[key]
         pid, topic, partition = key
-        parts = [STATE_HEAD.pack(entry.epoch, len(entry.batches))]
-        parts += [STATE_BATCH.pack(*batch) for batch in entry.batches]
-        self._log.append([(STATE_KEY.pack(pid, partition) + topic.encode(), b"".join(parts))])
+        value = _state_value(entry.epoch, list(entry.batches))
+        self._log.append([(STATE_KEY.pack(pid, partition) + topic.encode(), value)])
+
+    def trailer(
+        self, producer_id: int, epoch: int, topic: str, partition: int, first: int, count: int
+    ) -> Trailer | None:
+        """The state record to append with this batch as its trailer (one append
+        group: see the module), or None: no state topic, or no producer id. Its value
+        is the entry as ``appended`` will leave it, with the batch's base offset
+        filled in under the append lock.
+
+        Raises:
+            StoreError: the state topic cannot be created.
+        """
+        if self._log is None or producer_id == NO_PRODUCER_ID:
+            return None
+        entry = self._entries.get((producer_id, topic, partition))
+        kept = [] if entry is None or entry.epoch != epoch else list(entry.batches)
+        kept = kept[1 - BATCHES_REMEMBERED :]  # the new batch makes five
+        last = (first + count - 1) % SEQUENCE_MODULUS
+
+        def value_for(base_offset: int) -> bytes:
+            return _state_value(epoch, [*kept, (first, last, base_offset)])
+
+        return self._log.trailer(STATE_KEY.pack(producer_id, partition) + topic.encode(),
+                                 value_for)  # fmt: skip
 
     def prune(self, end_offset: Callable[[str, int], int | None]) -> int:
         """Forget batches at or past their partition's end (``end_offset`` None: the
@@ -343,16 +369,13 @@ class ProducerState:
         count: int,
         base_offset: int,
     ) -> None:
-        """Remember an appended batch."""
+        """Remember an appended batch (with a state topic, its record went with the
+        batch as its ``trailer``)."""
         if producer_id == NO_PRODUCER_ID:
             return
         last = (first + count - 1) % SEQUENCE_MODULUS
         self._remember(producer_id, epoch, topic, partition, first, last, base_offset)
         if self._log is not None:
-            try:
-                self._write_entry((producer_id, topic, partition))
-            except StoreError as error:  # the batch is appended; only its state is at risk
-                log.warning("producer state of %d not logged: %s", producer_id, error)
             return
         if self._fd < 0:
             return
@@ -377,6 +400,13 @@ class ProducerState:
                 del self._entries[next(iter(self._entries))]  # the oldest producer
             entry = self._entries[key] = _Entry(epoch)
         entry.batches.append((first, last, base))
+
+
+def _state_value(epoch: int, batches: list[tuple[int, int, int]]) -> bytes:
+    """The state topic's value for an entry (see the module)."""
+    parts = [STATE_HEAD.pack(epoch, len(batches))]
+    parts += [STATE_BATCH.pack(*batch) for batch in batches]
+    return b"".join(parts)
 
 
 def _journal_record(

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from mqstore.broker.batch import CORRUPT_MESSAGE, InvalidBatchError, ProducedBatch
 from mqstore.broker.log import Appended, RecordLog
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.errors import InvalidArgumentError, InvalidRecordError
 from mqstore.segmented.file_records import FileSlice, FileSlices
 
@@ -49,15 +50,19 @@ class SegmentLog(RecordLog):
     """``RecordLog`` over the segmented engine: a producer's batch is stored as it is
     (the engine's ``append_batch``), and Fetch reads file ranges."""
 
-    def append(self, topic: str, partition: int, batch: ProducedBatch) -> Appended:
+    def append(
+        self, topic: str, partition: int, batch: ProducedBatch, trailer: Trailer | None = None
+    ) -> Appended:
         """Append a checked batch as it is, compressed or not, so its bytes and CRC
         are what the consumer gets (the engine inflates it to check its records).
+        The segmented engine keeps no trailer (its producer state is a journal).
 
         Raises:
             InvalidBatchError: the records do not decode (nothing appended).
             StoreError: as ``append_records`` raises (e.g. a record without a key
                 on a compacted topic, InvalidRecordError).
         """
+        assert trailer is None, "the segmented engine takes no trailer"
         try:
             appended = self.engine.append_batch(  # type: ignore[attr-defined]
                 topic, partition, batch.data

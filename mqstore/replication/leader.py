@@ -3,7 +3,11 @@
 ``read_chunk`` cuts the bytes a follower gets: from its end (``log_end``, a record
 boundary of this log), whole records within one file, up to the replicable end (the
 readable end: in sync-flush mode only durable bytes), at most ``max_bytes`` or the
-first record whole when it is larger. An end-of-file blank record goes whole, so the
+first record whole when it is larger. A chunk ends where an append group ends
+(record.py's FLAG_GROUP_OPEN: a producer's batch and its state record), as Kafka
+sends whole batches: a group larger than ``max_bytes`` goes whole, so a follower's
+end, and the HW taken from it, never splits a group (a group that spans two files
+goes in two chunks). An end-of-file blank record goes whole, so the
 follower rolls where the leader rolled. Record boundaries come from the dispatcher's
 header scan (commitlog/header_scan.py, C when built), with no checksum work: the
 follower verifies every record it takes.
@@ -36,10 +40,12 @@ from collections.abc import Iterable
 from typing import Any, Final, NamedTuple, Protocol
 
 import attrs
+import numpy as np
 
 from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from mqstore.commitlog.header_scan import (
     DISPATCH_BLANK,
+    DISPATCH_FLAGS,
     DISPATCH_FULL,
     DISPATCH_INVALID,
     DISPATCH_PHYSICAL,
@@ -47,6 +53,7 @@ from mqstore.commitlog.header_scan import (
     dispatch_columns,
     new_columns,
 )
+from mqstore.commitlog.record import FLAG_GROUP_OPEN
 from mqstore.replication.epochs import UNDEFINED, LeaderEpochs, diverging
 from mqstore.replication.protocol import ReplicaFetchRequest, ReplicaFetchResponse
 
@@ -171,6 +178,7 @@ def read_chunk(
     hard_end = min(mapped.size_bytes, end_limit - start)
     out = new_columns(SCAN_ROWS)
     at, taken, last_start, last_end = in_file, 0, in_file, in_file
+    closing, closing_before = in_file, in_file  # the ends of the last two group ends
     try:
         while True:
             at, count, status = dispatch_columns(
@@ -180,6 +188,7 @@ def read_chunk(
             if count:
                 last_start = int(out[DISPATCH_PHYSICAL, count - 1]) - start
                 last_end = last_start + int(out[DISPATCH_SIZE, count - 1])
+                closing, closing_before = _group_ends(out, count, start, closing, closing_before)
             taken += count
             if status != DISPATCH_FULL:
                 break
@@ -191,11 +200,52 @@ def read_chunk(
                 raise CorruptDataError(mapped.path, in_file, "no record parses where a follower is")
         elif at - in_file > max_bytes and taken > 1:
             at = last_start  # the last record passed the budget: it goes next time
+        if taken and at != mapped.size_bytes:  # (a blank taken: the group goes on there)
+            group_end = closing if closing <= at else closing_before
+            if group_end > in_file:
+                at = group_end  # the open group at the cut goes next time, whole
+            elif group_end != at:
+                at = _group_end(mapped.mapping, at, mapped.size_bytes, hard_end, start, out)
         return bytes(mapped.mapping[in_file:at])
     except ValueError:
         if not mapped.mapping.closed:
             raise
         raise OffsetOutOfRangeError(f"position {position}: removed by retention") from None
+
+
+def _group_ends(
+    out: Any, count: int, start: int, closing: int, closing_before: int
+) -> tuple[int, int]:
+    """The in-file ends of the last two records that close their group, after a run of
+    ``count`` scanned records (``closing``, ``closing_before``: before it)."""
+    closed = np.flatnonzero((out[DISPATCH_FLAGS, :count] & FLAG_GROUP_OPEN) == 0)
+    ends = [
+        int(out[DISPATCH_PHYSICAL, row]) + int(out[DISPATCH_SIZE, row]) - start
+        for row in closed[-2:].tolist()
+    ]
+    if len(ends) == 2:
+        return ends[1], ends[0]
+    if len(ends) == 1:
+        return ends[0], closing
+    return closing, closing_before
+
+
+def _group_end(mapping: Any, at: int, file_size: int, hard_end: int, start: int, out: Any) -> int:
+    """Where the group open at in-file ``at`` ends: past the first record that closes
+    it, at the file's end (a blank record: it goes on in the next file), or where the
+    written records end (it is not whole yet)."""
+    while True:
+        at, count, status = dispatch_columns(
+            mapping, at, hard_end if hard_end < file_size else file_size, file_size,
+            hard_end, start, False, out,
+        )  # fmt: skip
+        if count:
+            closed = np.flatnonzero((out[DISPATCH_FLAGS, :count] & FLAG_GROUP_OPEN) == 0)
+            if len(closed):
+                row = int(closed[0])
+                return int(out[DISPATCH_PHYSICAL, row]) + int(out[DISPATCH_SIZE, row]) - start
+        if status != DISPATCH_FULL:
+            return at
 
 
 class ReplicaLeader:

@@ -259,6 +259,10 @@ class ReplicaNode:
 
     def _lead(self, high_watermark: int) -> int:
         store = self.store
+        open_group = store.commitlog.open_group_start
+        if open_group is not None:  # half a producer's batch: its retry must not add to it
+            log.warning("node %d drops an append group cut short at %d", self.node_id, open_group)
+            store.truncate_replica(open_group)
         epoch: int = store.epochs.begin_leadership(store.commitlog.write_position, self.node_id)
         store.set_commit_limit(None)
         # State derived from the log (committed offsets, producer state) is rebuilt

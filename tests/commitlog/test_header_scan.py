@@ -50,7 +50,7 @@ def _expected(record: Record) -> list[int]:
         record.physical_offset, record.size, record.queue_offset, record.queue_id,
         record.born_ts_ms, record.store_ts_ms,
         topic_hash - (1 << 64) if topic_hash >= 1 << 63 else topic_hash,
-        len(topic), len(record.tag.encode()) if record.tag else 0, len(keys),
+        len(topic), len(record.tag.encode()) if record.tag else 0, len(keys), record.flags,
     ]  # fmt: skip
 
 

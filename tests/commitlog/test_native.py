@@ -233,12 +233,14 @@ def test_check_bodies_finds_the_bad_body() -> None:
 @native
 @settings(max_examples=120)
 @given(s.topics, s.tags, st.lists(s.bodies | st.none(), min_size=1, max_size=8),
-       st.booleans(), st.integers(0, 3000))  # fmt: skip
+       st.booleans(), st.integers(0, 3000),
+       st.sampled_from([0, record.FLAG_GROUP_OPEN]))  # fmt: skip
 def test_slices_encode_as_python_does(
-    topic: str, tag: str | None, bodies: list, per_record_born: bool, room: int
+    topic: str, tag: str | None, bodies: list, per_record_born: bool, room: int, flags: int
 ) -> None:
-    """encode_slices (bodies as Arrow offsets + data, nulls, per-record born times)
-    writes the bytes of encode_slices_py and of encode_bodies_py for the same bodies."""
+    """encode_slices (bodies as Arrow offsets + data, nulls, per-record born times, the
+    group flag) writes the bytes of encode_slices_py and of encode_bodies_py for the
+    same bodies."""
     assert NATIVE is not None
     topic_b, tag_b = record.validate_topic(topic), record.encode_tag(tag)
     data = b"".join(body or b"" for body in bodies)
@@ -251,13 +253,13 @@ def test_slices_encode_as_python_does(
     for run in (NATIVE.encode_slices, record.encode_slices_py):
         buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
         stop = run(buffer, 50, file_size, 700, 3, 9, 5, 4, topic_b, tag_b, offsets, data,
-                   nulls, borns, 0, positions)  # fmt: skip
+                   nulls, borns, 0, positions, flags)  # fmt: skip
         outputs.append((bytes(buffer), positions.tolist(), stop))
     assert outputs[0] == outputs[1]
     if borns is None:
         buffer, positions = bytearray(file_size), np.full(len(bodies), -1, np.int64)
         stop = record.encode_bodies_py(buffer, 50, file_size, 700, 3, 9, 5, 4, topic_b, tag_b,
-                                       bodies, 0, positions)  # fmt: skip
+                                       bodies, 0, positions, None, flags)  # fmt: skip
         assert outputs[0] == (bytes(buffer), positions.tolist(), stop)
 
 
@@ -267,8 +269,8 @@ def _scan_both(buffer: bytearray, start: int, limit: int, file_start: int, capac
     for run in (NATIVE.scan_records, record.scan_records_py):
         dtypes = (np.int64, np.int32, np.int64, np.int32, np.int64, np.uint8, np.uint64)
         columns = [np.zeros(capacity, dtype) for dtype in dtypes]
-        end, count, status = run(buffer, start, limit, file_start, *columns)
-        outputs.append((end, count, status, [c[:count].tolist() for c in columns]))
+        end, count, status, closed = run(buffer, start, limit, file_start, *columns)
+        outputs.append((end, count, status, closed, [c[:count].tolist() for c in columns]))
     return outputs
 
 
@@ -297,7 +299,8 @@ def test_scan_records_agrees_with_python(topic: str, items: list, data: st.DataO
     capacity = data.draw(st.integers(1, 8))
     c_out, py_out = _scan_both(buffer, 0, limit, file_start, capacity)
     assert c_out == py_out
-    end, count, status, _ = c_out
+    end, count, status, closed, _ = c_out
+    assert closed == count  # no record is flagged open here
     if damage == "none" and capacity > len(encoded):
         assert (count, end, status) == (len(encoded), total, record.SCAN_ZEROS)
     if damage == "blank" and capacity > len(encoded):
@@ -334,7 +337,7 @@ def test_scan_records_hashes_each_records_topic(topics: list[str]) -> None:
         at += encoded[0][0]
     c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, len(topics) + 1)
     assert c_out == py_out
-    assert c_out[3][6] == [xxhash.xxh64_intdigest(topic.encode()) for topic in topics]
+    assert c_out[4][6] == [xxhash.xxh64_intdigest(topic.encode()) for topic in topics]
 
 
 # ---------------------------------------------------------------- memory safety (issue 13)
@@ -415,7 +418,10 @@ def test_encoders_refuse_places_outside_the_file(
     for run, args in calls:
         buffer, positions = bytearray(200), np.zeros(1, np.int64)
         with pytest.raises(ValueError):
-            run(buffer, *args, positions)
+            if len(args) == 14:  # encode_slices: the flags follow the positions
+                run(buffer, *args, positions, 0)
+            else:
+                run(buffer, *args, positions)
         assert buffer == bytearray(200), run
 
 
@@ -635,3 +641,34 @@ def test_get_over_crafted_consumequeue_units_is_corrupt_data_not_a_crash(tmp_pat
     tail = (done.stdout[-600:], done.stderr[-2000:])
     assert done.returncode == 0, f"exit {done.returncode} (a negative one is a signal): {tail}"
     assert "outcomes" in done.stdout, tail
+
+
+@native
+@settings(max_examples=100)
+@given(st.lists(st.booleans(), min_size=1, max_size=10), st.integers(1, 12))
+def test_scan_records_counts_the_records_up_to_the_last_group_end(
+    opens: list[bool], capacity: int
+) -> None:
+    """``closed`` is how many scanned records end with the last one that closes its
+    append group (no FLAG_GROUP_OPEN), in C as in Python; flags of any other value
+    stop the scan as unknown."""
+    buffer = bytearray(8 * 1024)
+    at = 0
+    for index, is_open in enumerate(opens):
+        size = record.HEADER_SIZE + 1 + 1
+        flags = record.FLAG_GROUP_OPEN if is_open else 0
+        record.encode_into_py(buffer, at, at, size, index, 1, 1, 0, flags, b"t", b"", b"", b"",
+                              b"x")  # fmt: skip
+        at += size
+    c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, capacity)
+    assert c_out == py_out
+    _, count, _, closed, _ = c_out
+    assert count == min(capacity, len(opens))
+    scanned = opens[:count]
+    want = max((i + 1 for i, is_open in enumerate(scanned) if not is_open), default=0)
+    assert closed == want
+    record.encode_into_py(buffer, 0, 0, record.HEADER_SIZE + 2, 0, 1, 1, 0, 0x4, b"t", b"",
+                          b"", b"", b"x")  # fmt: skip
+    c_out, py_out = _scan_both(buffer, 0, len(buffer), 0, capacity)
+    assert c_out == py_out
+    assert c_out[:4] == (0, 0, record.SCAN_INVALID, 0)

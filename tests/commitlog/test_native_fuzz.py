@@ -232,14 +232,15 @@ def encoded_items(draw: st.DrawFn) -> list[Any]:
 
 
 def _encode_both(name: str, py_run: Any, length: int, positions: Any, args: tuple,
-                 twin_comparable: bool) -> None:  # fmt: skip
-    """Run the C encoder and, where comparable, the twin, on fresh buffers."""
+                 twin_comparable: bool, after: tuple = ()) -> None:  # fmt: skip
+    """Run the C encoder and, where comparable, the twin, on fresh buffers
+    (``after``: the arguments after the positions)."""
     buffer, c_positions = bytearray(length), positions.copy()
-    c_out = _c(name, buffer, *args, c_positions)
+    c_out = _c(name, buffer, *args, c_positions, *after)
     if not twin_comparable:
         return
     twin, py_positions = bytearray(length), positions.copy()
-    py_out = _call(py_run, twin, *args, py_positions, errors=PY_ERRORS)
+    py_out = _call(py_run, twin, *args, py_positions, *after, errors=PY_ERRORS)
     _agree(c_out, py_out)
     if c_out[0] == "ok":
         assert (buffer, c_positions.tolist()) == (twin, py_positions.tolist())
@@ -321,6 +322,7 @@ def test_fuzz_encode_slices(payload: bytes, data: st.DataObject) -> None:
     length = place[6]
     positions = data.draw(mostly(st.just(np.zeros(count, np.int64)), _arrays(count, np.int64)))
     args = (*place[:4], 9, 11, place[4], b"t", b"", offsets, payload, nulls, borns, place[5])
+    flags = data.draw(mostly(st.sampled_from([0, record.FLAG_GROUP_OPEN]), i64))
     comparable = (
         valid
         and positions.dtype == np.int64
@@ -328,7 +330,7 @@ def test_fuzz_encode_slices(payload: bytes, data: st.DataObject) -> None:
         and (borns is None or (len(borns) == count and borns.dtype == np.int64))
     )
     _encode_both("encode_slices", record.encode_slices_py, length, positions, args,
-                 comparable)  # fmt: skip
+                 comparable, (flags,))  # fmt: skip
 
 
 # --------------------------------------------------------------------- the readers

@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.commitlog import CommitLog
 from mqstore.commitlog.config import CommitLogConfig
-from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError
+from mqstore.commitlog.record import FLAG_GROUP_OPEN
 
 FILE = 64 * 1024
 
@@ -272,3 +274,111 @@ def test_sigkill_mid_append_keeps_every_acknowledged_record(tmp_path, seed):
         finally:
             log.close()
     assert len(acked) > 50  # the children really did acknowledge work
+
+
+# ---------------------------------------------------------------- append groups
+
+
+def _state(first: int) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A trailer's record naming the batch's first queue offset."""
+    return b"state of %d" % first, [("k", b"producer")]
+
+
+def _group(log: CommitLog, count: int, size: int = 300):
+    """A batch of ``count`` records in queue ("t", 0) with a trailer in ("s", 0)."""
+    trailer = Trailer("s", 0, _state)
+    return log.append_batch("t", 0, [bytes(size)] * count, trailer=trailer)
+
+
+def _ends(log: CommitLog) -> list[tuple[int, int]]:
+    """(end, flags) of every record."""
+    return [(r.physical_offset + r.size, r.flags) for r in log.iter_records(log.min_position)]
+
+
+def test_a_batch_and_its_trailer_are_one_group(tmp_path, config):
+    log = CommitLog.open(str(tmp_path / "cl"), config)
+    try:
+        log.append("t", 0, b"before")
+        result = _group(log, 5)
+        records = list(log.iter_records(log.min_position))
+        assert [r.topic for r in records] == ["t"] * 6 + ["s"]
+        assert [r.flags for r in records] == [0] + [FLAG_GROUP_OPEN] * 5 + [0]
+        assert result.first_queue_offset == 1
+        assert records[-1].body == b"state of 1"  # called with the batch's first offset
+        assert records[-1].physical_offset == records[-2].physical_offset + records[-2].size
+    finally:
+        log.close()
+
+
+def test_a_trailer_that_raises_appends_nothing(tmp_path, config):
+    def broken(first: int) -> tuple[bytes, list]:
+        raise InvalidArgumentError("no state")
+
+    log = CommitLog.open(str(tmp_path / "cl"), config)
+    try:
+        log.append("t", 0, b"before")
+        end = log.write_position
+        with pytest.raises(InvalidArgumentError):
+            log.append_batch("t", 0, [b"x"] * 3, trailer=Trailer("s", 0, broken))
+        assert log.write_position == end
+        assert log.append("t", 0, b"after").queue_offset == 1
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_group_cut_short_by_a_crash_is_dropped_whole(tmp_path, config, seed):
+    """Any tail of the last group lost (its trailer, part of its batch, a torn record
+    inside it): the log ends where the group started, and every queue's next offset
+    is what it was before the group, as if it was never appended."""
+    directory = str(tmp_path / "cl")
+    log = CommitLog.open(directory, config)
+    log.append("t", 0, b"before")
+    _group(log, 8)
+    start = log.write_position  # the group that the crash cuts
+    _group(log, 8)
+    end = log.write_position
+    log.close()
+    cut = random.Random(seed).randrange(start + 1, end)  # from here on the bytes are lost
+    _patch(directory, cut, b"\0" * (end - cut))
+    log, records = _records(directory, config)
+    try:
+        assert log.write_position == start
+        assert len(records) == 1 + 9
+        assert log.append("t", 0, b"after").queue_offset == 9
+        assert log.append("s", 0, b"after").queue_offset == 1
+    finally:
+        log.close()
+
+
+def test_a_group_that_does_not_fit_the_file_starts_the_next_one(tmp_path, config):
+    log = CommitLog.open(str(tmp_path / "cl"), config)
+    try:
+        while log.write_position < FILE - 8_000:
+            log.append("t", 1, bytes(1000))
+        result = _group(log, 25)  # ~9 KiB: it would straddle the files
+        assert int(result.physical_offsets[0]) == FILE
+        assert log.write_position < 2 * FILE
+    finally:
+        log.close()
+
+
+def test_a_group_larger_than_a_file_spans_files_and_is_dropped_whole(tmp_path, config):
+    """A group that cannot fit one file spans two (an end-of-file blank record in
+    between); cut short, recovery drops it across the file boundary."""
+    directory = str(tmp_path / "cl")
+    log = CommitLog.open(directory, config)
+    log.append("t", 0, b"before")
+    start = log.write_position
+    result = _group(log, 300)  # ~90 KiB of 64 KiB files
+    end = log.write_position
+    assert int(result.physical_offsets[-1]) >= FILE > int(result.physical_offsets[0])
+    log.close()
+    _patch(directory, end - 10, b"\0" * 10)  # the trailer is torn
+    log, records = _records(directory, config)
+    try:
+        assert (log.write_position, len(records)) == (start, 1)
+        assert not os.path.exists(_file_of(directory, FILE)[0])  # the later file is gone
+        assert log.append("t", 0, b"after").queue_offset == 1
+    finally:
+        log.close()

@@ -217,12 +217,26 @@ def test_duplicate_after_a_sigkill(tmp_path: Any, engine: str) -> None:
 # ---------------------------------------------------------------- through the log
 
 
+def _append(store: Any, state: ProducerState, pid: int, epoch: int, topic: str,
+            partition: int, first: int, count: int) -> int:  # fmt: skip
+    """A batch of ``count`` records appended as the broker appends it: with the
+    producer's state record as its trailer; its base offset."""
+    trailer = state.trailer(pid, epoch, topic, partition, first, count)
+    assert trailer is not None
+    result = store.put_batch_arrays(topic, partition, [b"v"] * count, trailer=trailer)
+    state.appended(pid, epoch, topic, partition, first, count, result.first_queue_offset)
+    return int(result.first_queue_offset)
+
+
 def test_state_through_the_log_survives_a_reopen(tmp_path: Any) -> None:
     store = open_engine("commitlog", tmp_path / "store")
+    store.create_topic("t", 1)
+    store.create_topic("u", 2)
+    store.put_batch("t", 0, [b"before"] * 100)
     state = ProducerState(log=store.producer_log)
     for i in range(7):  # the last five are remembered
-        state.appended(5, 0, "t", 0, i, 1, 100 + i)
-    state.appended(6, 2, "u", 1, 0, 3, 40)
+        assert _append(store, state, 5, 0, "t", 0, i, 1) == 100 + i
+    assert _append(store, state, 6, 2, "u", 1, 0, 3) == 0
     assert not os.path.exists(tmp_path / "store" / JOURNAL_NAME)  # no side file
     assert PRODUCERS_TOPIC not in store.list_topics()  # internal
     store.close()
@@ -233,7 +247,7 @@ def test_state_through_the_log_survives_a_reopen(tmp_path: Any) -> None:
         assert state.check(5, 0, "t", 0, 2, 1).duplicate_offset == 102
         assert state.check(5, 0, "t", 0, 1, 1).error == 45  # forgotten: out of order
         assert state.check(5, 0, "t", 0, 7, 1) == (0, None)  # the next one
-        assert state.check(6, 2, "u", 1, 0, 3).duplicate_offset == 40
+        assert state.check(6, 2, "u", 1, 0, 3).duplicate_offset == 0
         assert state.check(6, 1, "u", 1, 3, 1).error == 47  # fenced epoch
     finally:
         store.close()
@@ -254,11 +268,34 @@ def test_an_older_journal_is_imported_into_the_log(tmp_path: Any) -> None:
         store.close()
 
 
+@pytest.mark.parametrize("batches", [1, 3, 4, 5, 6])
+def test_each_state_record_holds_the_batches_remembered(tmp_path: Any, batches: int) -> None:
+    """Reopened after any number of batches, the state answers every remembered one
+    (each trailer carries the entry as ``appended`` leaves it)."""
+    store = open_engine("commitlog", tmp_path / "store")
+    store.create_topic("t", 1)
+    state = ProducerState(log=store.producer_log)
+    for i in range(batches):
+        _append(store, state, 5, 0, "t", 0, i * 2, 2)
+    store.close()
+    store = open_engine("commitlog", tmp_path / "store")
+    try:
+        state = ProducerState(log=store.producer_log)
+        remembered = range(max(0, batches - BATCHES_REMEMBERED), batches)
+        for i in remembered:
+            assert state.check(5, 0, "t", 0, i * 2, 2).duplicate_offset == i * 2
+        assert state.check(5, 0, "t", 0, batches * 2, 1) == (0, None)
+    finally:
+        store.close()
+
+
 def test_a_state_record_that_does_not_decode_is_skipped(tmp_path: Any) -> None:
     store = open_engine("commitlog", tmp_path / "store")
     try:
         state = ProducerState(log=store.producer_log)
-        state.appended(5, 0, "t", 0, 0, 1, 100)
+        store.create_topic("t", 1)
+        store.put_batch("t", 0, [b"before"] * 100)
+        assert _append(store, state, 5, 0, "t", 0, 0, 1) == 100
         for key, value in ((b"short", b"x"), (b"\0" * 12 + b"t", b"\0\0\x02" + b"\0" * 5)):
             store.put(PRODUCERS_TOPIC, 0, value, properties=[(KEY_PROPERTY, key)])
         reloaded = ProducerState(log=store.producer_log)

@@ -4,12 +4,15 @@ leader, and, on a loaded machine, right after a SIGKILL of the leader: the same 
 twice at adjacent offsets).
 
 It happened while the producers' state was a side journal written after the sync
-flush returned and never synced. The state is now a record of the CommitLog
+flush returned and never synced. The state then became a record of the CommitLog
 (``__mqstore_producer_state``) appended right after its batch, both before one sync
-(``CommitLog.one_sync``): an acknowledged batch's state is durable with it (the power
-cut test passes). The SIGKILL test still fails: it stops the FUSE daemon to hold the
-fsync, which also blocks the state record's own page fault, so the kill lands
-between the two appends; Kafka closes that window with the state in the batch header.
+(``CommitLog.one_sync``): an acknowledged batch's state was durable with it (the power
+cut test passed), but the SIGKILL test still failed: it stops the FUSE daemon to hold
+the fsync, which also blocked the state record's own page fault, so the kill landed
+between the two appends. Now the state record is the batch's trailer, one append
+group with it (FLAG_GROUP_OPEN): recovery drops the batch whose trailer the kill cut
+off, as Kafka's batch header carries the producer's sequences with its records, and
+the retry is appended once.
 
 Skipped without /dev/fuse or mfusepy, unless MQSTORE_REQUIRE_FUSE=1 (``make test``).
 """
@@ -103,13 +106,6 @@ def _values(store: str) -> list[bytes | None]:
         return [r.value for r in reopened.read_records("idem", 0, 0, 10)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the batch and its producer-state record are now appended before one sync "
-    "(CommitLog.one_sync), but this test stops the FUSE daemon, which also blocks the "
-    "state record's own page fault: the kill still lands between the two appends; "
-    "closing it needs the state in the batch itself (Kafka's batch header)",
-)
 def test_a_retry_after_a_sigkill_during_the_flush_is_not_appended_again(tmp_path: Any) -> None:
     mount = Mount(str(tmp_path / "backing"), str(tmp_path / "mnt"))
     mount.mount()
@@ -135,7 +131,7 @@ def test_a_retry_after_a_sigkill_during_the_flush_is_not_appended_again(tmp_path
         process.terminate()
         assert process.wait(60) == 0
         values = _values(store)
-        assert values.count(b"retried") == 1, values  # today: [b'once', b'retried', b'retried']
+        assert values.count(b"retried") == 1, values  # was: [b"once", b"retried", b"retried"]
         assert (answer.error_code, answer.base_offset) == (0, 1)
     finally:
         if process is not None and process.poll() is None:

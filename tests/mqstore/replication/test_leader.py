@@ -16,6 +16,7 @@ import pytest
 
 from mqstore import MessageStore, StoreConfig
 from mqstore.broker import Broker, BrokerConfig
+from mqstore.commitlog.batch import Trailer
 from mqstore.replication.fetcher import ReplicaFetcher
 from mqstore.replication.leader import OFFSET_OUT_OF_RANGE, ReplicationConfig, read_chunk
 from mqstore.replication.protocol import (
@@ -288,3 +289,43 @@ def test_an_ack_waiting_when_the_follower_leaves_the_set_is_not_an_ack(tmp_path,
         # leader holds (a follower promoted later would not have it).
         assert broker.replicas.high_watermark() == hw < store.commitlog.write_position
         assert store.max_offset("t", 0) == 0
+
+
+def _state(first: int) -> tuple[bytes, list]:
+    return b"state of %d" % first, []
+
+
+def test_a_chunk_never_ends_inside_an_append_group(store):
+    """A producer's batch and its state record (one append group) reach a follower
+    together, whatever the budget: a chunk ends where a group ends, and a group
+    larger than the budget goes whole (the follower's end, so the HW, never splits
+    one)."""
+    store.create_topic("s", 1)
+    ends = set()
+    for i in range(100):
+        store.put("t", 0, b"p" * 50)
+        ends.add(store.commitlog.write_position)
+        store.put_batch_arrays("t", 0, [b"g" * 100] * (1 + i % 9), trailer=Trailer("s", 0, _state))
+        ends.add(store.commitlog.write_position)
+    assert store.commitlog.write_position > FILE_BYTES  # a roll in between
+    for max_bytes in (1, 150, 700, 2000, 10_000):
+        position, chunks = 0, 0
+        while position < store.replicable_end:
+            chunk = read_chunk(store, position, max_bytes)
+            assert chunk
+            position += len(chunk)
+            chunks += 1
+            assert position in ends or position % FILE_BYTES == 0, (max_bytes, position)
+        assert chunks > 2
+
+
+def test_a_chunk_up_to_an_end_inside_a_group_stops_there(store):
+    """Bytes past the end asked for are never sent, so a group not whole below it
+    goes only in part (the follower's open_group_start then names it)."""
+    store.create_topic("s", 1)
+    store.put("t", 0, b"before")
+    start = store.commitlog.write_position
+    result = store.put_batch_arrays("t", 0, [b"g" * 100] * 10, trailer=Trailer("s", 0, _state))
+    middle = int(result.physical_offsets[5])
+    assert len(read_chunk(store, start, 1 << 20, end=middle)) == middle - start
+    assert len(read_chunk(store, start, 1)) == store.commitlog.write_position - start

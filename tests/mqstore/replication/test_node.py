@@ -442,3 +442,38 @@ def test_start_following_copies_without_a_broker_of_its_own(tmp_path):
             time.sleep(0.02)
         assert [m.value for m in follower.get(TOPIC, 0, 98, 5)] == [b"v98", b"v99"]
         node.close()
+
+
+def test_a_promoted_follower_drops_the_group_it_holds_only_half_of(tmp_path):
+    """A follower that copied half of an append group (a producer's batch without its
+    state record: the link went down between two chunks of a group that spans two
+    files) drops it when promoted, so the producer's retry is appended once, whole,
+    and the queue offsets go on from the group's start."""
+    from mqstore.commitlog.batch import Trailer
+    from mqstore.replication.leader import read_chunk
+
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    with (
+        MessageStore.open(tmp_path / "leader", config) as leader,
+        MessageStore.open(tmp_path / "follower", config) as follower,
+    ):
+        leader.create_topic("s", 1)
+        leader.put(TOPIC, 0, b"before", keys="b")
+        start = leader.commitlog.write_position
+        trailer = Trailer("s", 0, lambda first: (b"state of %d" % first, []))
+        result = leader.put_batch_arrays(TOPIC, 0, [b"g" * 100] * 10, trailer=trailer)
+        node = ReplicaNode(follower, node_id=1)
+        node.start("127.0.0.1", 0, follow="127.0.0.1:1")  # a leader it cannot reach
+        follower.apply_replica_topics(leader.replica_topics())
+        follower.append_replica(0, read_chunk(leader, 0, 1 << 20, end=start))
+        middle = int(result.physical_offsets[6])
+        follower.append_replica(start, read_chunk(leader, start, 1 << 20, end=middle))
+        assert follower.commitlog.open_group_start == start
+        error, _epoch, _message = node.promote(unclean=True)
+        assert error == 0 and not follower.is_follower
+        assert follower.commitlog.write_position == start
+        assert follower.commitlog.open_group_start is None
+        again = follower.put_batch_arrays(TOPIC, 0, [b"r"] * 10, trailer=trailer)
+        assert again.first_queue_offset == 1
+        assert [m.value for m in follower.get(TOPIC, 0, 0, 20)] == [b"before"] + [b"r"] * 10
+        node.close()
