@@ -26,7 +26,6 @@ log (commitlog/recovery.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -168,7 +167,6 @@ class CommitLog:
         self._sealed = False
         self._follower = False  # see set_follower: takes only append_replica's bytes
         self._open_group_from: int | None = None  # see open_group_start
-        self._one_sync = threading.local()  # see one_sync
         self.roll_wait_ns: list[int] = []  # how long each roll waited for its file
 
     # ------------------------------------------------------------------ open / close
@@ -884,32 +882,8 @@ class CommitLog:
         self._appender.write_position = position
         return positions
 
-    @contextlib.contextmanager
-    def one_sync(self) -> Iterator[None]:
-        """Appends made by this thread inside the block wait for durability once, at
-        its end (sync flush mode; a no-op in async mode), so they reach the page cache
-        together: a batch and the record that describes it (the broker's producer
-        state) are never split by a process kill during the first one's sync."""
-        local = self._one_sync
-        if getattr(local, "end", None) is not None:  # nested: the outer block waits
-            yield
-            return
-        local.end = -1
-        try:
-            yield
-        finally:
-            end, local.end = local.end, None
-            group_commit = self._group_commit
-            if group_commit is not None and end >= 0:
-                group_commit.wait_durable(end)
-
     def _wait_durable(self, group_commit: GroupCommitService, end: int) -> None:
-        """Sync mode: wait until ``end`` is durable, or leave it to one_sync's end."""
-        local = self._one_sync
-        deferred = getattr(local, "end", None)
-        if deferred is not None:
-            local.end = max(deferred, end)
-            return
+        """Sync mode: wait until ``end`` is durable."""
         group_commit.wait_durable(end)
 
     def _check_writable(self) -> None:

@@ -404,13 +404,12 @@ class Handlers:
                 return answer(self._replicated(replication, timeout_ms), check.duplicate_offset,
                               -1, start)  # fmt: skip
             # The batch and its state record: one append group (a crash keeps both or
-            # neither), and one sync.
+            # neither) in one append call, so one sync.
             trailer = self.producers.trailer(*identity, header.base_sequence, header.records_count)
-            with self.log.one_sync():
-                appended = self.log.append(topic, partition, batch, trailer)
-                self.producers.appended(
-                    *identity, header.base_sequence, header.records_count, appended.base_offset
-                )
+            appended = self.log.append(topic, partition, batch, trailer)
+            self.producers.appended(
+                *identity, header.base_sequence, header.records_count, appended.base_offset
+            )
         except StoreError as error:
             log.info("produce to %s-%d refused: %s", topic, partition, error)
             return answer(error_for(error))

@@ -30,9 +30,7 @@ durable.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Final, NamedTuple, Protocol
 
 from mqstore.broker.batch import ProducedBatch, build_fetch_batch, decode_produced
@@ -92,8 +90,6 @@ class PartitionLog(Protocol):
     def log_start_offset(self, topic: str, partition: int) -> int: ...
 
     def high_watermark(self, topic: str, partition: int) -> int: ...
-
-    def one_sync(self) -> AbstractContextManager[None]: ...
 
     def offset_for_time(
         self, topic: str, partition: int, timestamp_ms: int
@@ -200,16 +196,6 @@ class RecordLog:
 
     def high_watermark(self, topic: str, partition: int) -> int:
         return self.engine.latest_offset(topic, partition)
-
-    def one_sync(self) -> AbstractContextManager[None]:
-        """Appends inside wait for durability once, at the end (a CommitLog in sync
-        flush mode: ``CommitLog.one_sync``): a batch and its producer-state record
-        reach the page cache together."""
-        commitlog = getattr(self.engine, "commitlog", None)
-        if commitlog is None or not hasattr(commitlog, "one_sync"):
-            return contextlib.nullcontext()
-        one_sync: AbstractContextManager[None] = commitlog.one_sync()
-        return one_sync
 
     def offset_for_time(
         self, topic: str, partition: int, timestamp_ms: int

@@ -57,7 +57,7 @@ import threading
 from typing import Any, Final, NamedTuple
 
 from mqstore.atomic import json_checksum, write_json_atomically
-from mqstore.commitlog.errors import CorruptDataError, IllegalStateError, InvalidArgumentError
+from mqstore.commitlog.errors import CorruptDataError, IllegalStateError
 
 __all__ = ["EPOCH_FILE", "EPOCH_NODES", "UNDEFINED", "EpochEntry", "LeaderEpochs", "next_epoch"]
 
@@ -330,10 +330,3 @@ def truncation_point(follower: LeaderEpochs, follower_end: int, epoch: int, lead
     own_epoch, own_end = follower.end_offset_for(epoch, follower_end)
     target = leader_end if own_epoch == UNDEFINED else min(leader_end, own_end)
     return max(0, min(target, follower_end))
-
-
-def check_epoch(epoch: object) -> int:
-    """An epoch from a caller: an int >= 0."""
-    if type(epoch) is not int or epoch < 0:
-        raise InvalidArgumentError(f"an epoch is an int >= 0, not {epoch!r}")
-    return epoch

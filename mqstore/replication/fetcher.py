@@ -126,11 +126,6 @@ class ReplicaFetcher:
         if self._thread is not None:
             self._thread.join(FETCH_WAIT_MS / 1000 + RESPONSE_GRACE_S)
 
-    @property
-    def caught_up(self) -> bool:
-        """Whether the store's end was the leader's at the last response."""
-        return self.leader_log_end == self.store.commitlog.write_position
-
     def in_sync(self, lag_time_max_ms: int) -> bool:
         """Whether this follower was in the leader's in-sync set as far as it knows:
         it holds the last HW it heard, and it had caught up within
