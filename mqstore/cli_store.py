@@ -127,9 +127,10 @@ def store_config(args: argparse.Namespace) -> StoreConfig:
 
 
 @contextlib.contextmanager
-def open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
+def open_store(args: argparse.Namespace, *, write: bool, replicated: bool = False) -> Iterator[Any]:
     """The store, opened as the writer or read-only (see the module docstring). A
-    command that only reads never creates a store."""
+    command that only reads never creates a store. ``replicated``: opened to lead
+    followers (``MessageStore.open``'s argument)."""
     marker = "topics" if args.engine == "segmented" else "commitlog"
     if not write and not os.path.exists(os.path.join(args.store, marker)):
         raise CliError(
@@ -142,7 +143,9 @@ def open_store(args: argparse.Namespace, *, write: bool) -> Iterator[Any]:
         config = SegmentedConfig(**config_values(args, SegmentedConfig))
         store: Any = SegmentedStore.open(args.store, config)
     else:
-        store = MessageStore.open(args.store, store_config(args), read_only=not write)
+        store = MessageStore.open(
+            args.store, store_config(args), read_only=not write, replicated=replicated
+        )
     try:
         yield store
     finally:

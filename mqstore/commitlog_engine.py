@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from mqstore.compaction import CompactionLogs, CopyReader
     from mqstore.config import StoreConfig
     from mqstore.consumequeue import ConsumeQueueStore
+    from mqstore.dispatch.dispatcher import Dispatcher
     from mqstore.message import PutResult
     from mqstore.segmented.cleaner import CleanResult
     from mqstore.topics import TopicRegistry
@@ -97,6 +98,7 @@ class CommitLogEngine:
 
         _compaction: CompactionLogs | CopyReader | None
         _put_topics: dict[str, int]
+        _dispatcher: Dispatcher | None
 
         def _check_writable(self) -> None: ...
         def _open_compaction(self) -> CompactionLogs: ...
@@ -198,12 +200,24 @@ class CommitLogEngine:
             properties = [(KEY_PROPERTY, key)]
             return Trailer(topic, 0, lambda first: (value_for(first), properties))
 
+        def read_unexposed(offset: int) -> list[tuple[bytes | None, bytes | None]]:
+            dispatcher = self._dispatcher
+            commitlog = self.commitlog
+            start = commitlog.write_position if dispatcher is None else dispatcher.position
+            return [
+                (next((v for name, v in r.properties if name == KEY_PROPERTY), None),
+                 None if r.body is None else bytes(r.body))
+                for r in commitlog.iter_records(start, commitlog.write_position)
+                if r.topic == topic and r.queue_id == 0 and r.queue_offset >= offset
+            ]  # fmt: skip
+
         return InternalLog(
             append=append,
             read=read,
             bounds=bounds,
             is_follower=lambda: self.commitlog.is_follower,
             trailer=trailer,
+            read_unexposed=read_unexposed,
         )
 
     # ------------------------------------------------------------------ topics

@@ -51,6 +51,12 @@ class InternalLog:
             first when missing): given to the batch's append, it is written right
             after the batch as one append group, so a crash keeps both or neither
             (mqstore.commitlog.batch.Trailer).
+        read_unexposed: ``read_unexposed(offset)``: the topic's (key, value) records
+            from ``offset`` on that readers do not see yet (a leader restarted held:
+            mqstore.store_replica), in log order: state folded at leadership covers
+            the whole log, as Kafka rebuilds producer state up to the log end, not
+            the high watermark. ``offset``: the next one ``read`` did not return (a
+            compacted topic's reads can return records past what readers see).
     """
 
     append: Callable[[Sequence[tuple[bytes, bytes | None]]], None]
@@ -58,3 +64,4 @@ class InternalLog:
     bounds: Callable[[], tuple[int, int]]
     is_follower: Callable[[], bool]
     trailer: Callable[[bytes, Callable[[int], bytes]], Trailer]
+    read_unexposed: Callable[[int], list[tuple[bytes | None, bytes | None]]]

@@ -283,6 +283,11 @@ class LogOffsetStore:
                 self._apply(key, value)
             folded += len(batch)
             self._next_offset = batch.offsets[-1] + 1
+        if not self._follower and not self.read_only:  # a leader restarted held
+            unexposed = self._log.read_unexposed(self._next_offset)
+            for key, value in unexposed:
+                self._apply(key, value)
+            folded += len(unexposed)
         return folded
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:

@@ -141,6 +141,8 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         self.recovered_from_crash = False
         self.power_loss_possible = False  # an unclean stop that may have lost the page cache
         self._rebuild_derived = False
+        self._open_replicated = False  # open(replicated=True): see held_at_open
+        self.held_at_open: int | None = None
         self._retention: retention.RetentionService | None = None
         self._described = {}  # describe_topic's cache (CommitLogEngine)
         self._topic_guard = threading.Lock()  # serializes auto-creation (CommitLogEngine)
@@ -171,6 +173,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         read_only: bool = False,
         clock_ms: Callable[[], int] | None = None,
         disk_usage_percent: Callable[[], float] | None = None,
+        replicated: bool = False,
     ) -> MessageStore:
         """Open (or create) the store at ``path``.
 
@@ -181,6 +184,12 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             read_only: open without the writer lock, to read while a writer runs.
             clock_ms: the store clock (tests inject a fake one).
             disk_usage_percent: the disk-usage probe retention watches (tests inject one).
+            replicated: the store is about to lead followers (``mqstore serve
+                --replica-ids``): recovery shows readers no more than the last
+                checkpoint recorded as readable (then at most the high watermark),
+                and the replication node shows the rest as followers confirm it. A
+                crashed leader must not show a tail its followers may lack
+                (mqstore.store_replica, ``held_at_open``).
 
         Raises:
             StoreLockedError: another writer has the store open.
@@ -202,6 +211,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         else:
             makedirs_durable(root)
         store = cls(root, config, read_only)
+        store._open_replicated = replicated and not read_only
         store._clock_ms = clock_ms or _wall_clock_ms
         store._disk_usage = disk_usage_percent or (lambda: retention.disk_usage_percent(root))
         try:
@@ -351,7 +361,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             commitlog.flush_to(end)
         redispatched = 0
         dispatcher = self._dispatcher
-        shown = self._recorded_follower(checkpoint)  # mqstore.store_replica
+        shown = self._hold_at_open(checkpoint, self._open_replicated)  # mqstore.store_replica
         if shown is not None:
             end = min(end, shown)
         while dispatcher.position < end:

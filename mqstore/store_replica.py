@@ -58,6 +58,7 @@ class ReplicaStore:
     _checkpoint: Checkpoint
     _checkpoint_file: CheckpointFile | None
     _checkpoint_guard: threading.Lock
+    held_at_open: int | None  # MessageStore's: set by _hold_at_open
     _commit_limited = False  # set_commit_limit gave a limit
     _epochs: LeaderEpochs | None = None
     #: The replicated sync mode (set_replicated_wait): called with the log end after
@@ -78,18 +79,32 @@ class ReplicaStore:
 
     def _after_retention(self, min_position: int) -> None: ...  # MessageStore's
 
-    def _recorded_follower(self, checkpoint: Checkpoint | None) -> int | None:
-        """At a writer's open: a store its epoch file records as a follower
-        (mqstore.replication.node) stays one: local writes are refused, and its
-        readers see no more than they saw before (the dispatched position of the
-        last checkpoint) until its fetcher hears a HW again. None: not a follower."""
-        if self.epochs.role != "follower":
+    def _hold_at_open(self, checkpoint: Checkpoint | None, replicated: bool) -> int | None:
+        """At a writer's open, what readers may see before replication says more
+        (``held_at_open``; None: no hold).
+
+        A store its epoch file records as a follower (mqstore.replication.node) stays
+        one: local writes are refused, and its readers see no more than they saw
+        before (the dispatched position of the last checkpoint) until its fetcher
+        hears a HW again. A store opened to lead followers (``replicated``) is held
+        the same way: after a crash its log may end past what its followers hold,
+        and a follower promoted meanwhile would cut that tail after readers saw it
+        (Kafka restores the HW from a checkpoint for this). What the last checkpoint
+        recorded as readable was at most the HW then; the node's HW starts there
+        (and the followers are presumed in sync there until they fetch or lag:
+        ``ReplicaLeader.activate``). A log that ends there is not held."""
+        follower = self.epochs.role == "follower"
+        if not follower and not replicated:
             return None
-        self.commitlog.set_follower(True)
-        self._put_topics.clear()
+        if follower:
+            self.commitlog.set_follower(True)
+            self._put_topics.clear()
         shown = 0 if checkpoint is None else checkpoint.dispatched_position
         shown = min(shown, self.commitlog.write_position)
+        if not follower and shown == self.commitlog.write_position:
+            return None  # nothing past what readers saw: nothing to hold
         self.set_commit_limit(lambda: shown)
+        self.held_at_open = shown
         return shown
 
     def follow_log_start(self, log_start: int) -> int:

@@ -179,7 +179,8 @@ class ProducerState:
         return self._fold()
 
     def _fold(self) -> int:
-        """Apply every record of the state topic, oldest first."""
+        """Apply every record of the state topic, oldest first: what readers see,
+        then what the log holds past it (a leader restarted held)."""
         assert self._log is not None
         offset, latest = self._log.bounds()
         folded = 0
@@ -191,7 +192,10 @@ class ProducerState:
                 self._apply(key, value)
             folded += len(batch)
             offset = batch.offsets[-1] + 1
-        return folded
+        unexposed = self._log.read_unexposed(offset)
+        for key, value in unexposed:
+            self._apply(key, value)
+        return folded + len(unexposed)
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         try:
@@ -264,7 +268,13 @@ class ProducerState:
 
     def prune(self, end_offset: Callable[[str, int], int | None]) -> int:
         """Forget batches at or past their partition's end (``end_offset`` None: the
-        partition is gone). Returns how many batches were forgotten."""
+        partition is gone): a journal may name batches the engine lost. Returns how
+        many batches were forgotten. With the state in the log there is nothing to
+        prune: a state record and its batch are one append group, and a truncation
+        reloads the state; and the end readers see may lie before batches the log
+        holds (a leader restarted held), whose retries must be answered."""
+        if self._log is not None:
+            return 0
         forgotten = 0
         for key in list(self._entries):
             _, topic, partition = key

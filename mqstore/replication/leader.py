@@ -264,13 +264,23 @@ class ReplicaLeader:
         #: Called with a newer epoch a follower named: this node is a stale leader.
         self.on_newer_epoch: Any = None
 
-    def activate(self, high_watermark: int = 0) -> None:
+    def activate(self, high_watermark: int = 0, restarted: bool = False) -> None:
         """Lead: answer followers, and (with followers configured) let readers see
         only what the in-sync set holds. ``high_watermark``: where a promoted
-        follower's HW stood (it never moves back)."""
+        follower's HW stood, or what a restarted leader's readers saw (it never
+        moves back). ``restarted``: the configured followers are presumed in sync at
+        ``high_watermark`` until they fetch or ``replica_lag_time_max_ms`` passes, as
+        Kafka's in-sync set outlives a leader's restart; without this the leader alone
+        would be the set and the HW would jump to its end, past what they hold."""
+        now = time.monotonic()
         with self._changed:
             self._followers.clear()
             self._high_watermark = max(0, high_watermark)
+            if restarted:
+                for replica in self.config.replica_ids:
+                    self._followers[replica] = FollowerState(
+                        replica, self._high_watermark, now, now
+                    )
             self.active = True
         if self.configured:
             self.source.set_commit_limit(self.high_watermark)

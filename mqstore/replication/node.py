@@ -153,8 +153,9 @@ class ReplicaNode:
             elif epochs.role == "follower" and epochs.leader:
                 log.info("the store follows %s (recorded at its demotion)", epochs.leader)
                 self._follow(epochs.leader, None)
-            else:
-                self._lead(high_watermark=0)
+            else:  # a store opened to lead followers was held at what they held
+                held = getattr(self.store, "held_at_open", None)
+                self._lead(high_watermark=held or 0, restarted=held is not None)
 
     def close(self) -> None:
         """Stop the fetcher and the notices, and stop leading (the store stays open)."""
@@ -257,14 +258,15 @@ class ReplicaNode:
                 self.leader.close(lift=False)
                 store.become_follower()  # NOT_LEADER_OR_FOLLOWER until a notice
 
-    def _lead(self, high_watermark: int) -> int:
+    def _lead(self, high_watermark: int, restarted: bool = False) -> int:
         store = self.store
         open_group = store.commitlog.open_group_start
         if open_group is not None:  # half a producer's batch: its retry must not add to it
             log.warning("node %d drops an append group cut short at %d", self.node_id, open_group)
             store.truncate_replica(open_group)
         epoch: int = store.epochs.begin_leadership(store.commitlog.write_position, self.node_id)
-        store.set_commit_limit(None)
+        if not (restarted and self.leader.configured):  # else held until the HW moves
+            store.set_commit_limit(None)
         # State derived from the log (committed offsets, producer state) is rebuilt
         # from all of it before the first write is taken.
         reload = getattr(store, "reload_offsets", None)
@@ -273,7 +275,7 @@ class ReplicaNode:
         if self.on_lead is not None:
             self.on_lead()
         store.become_leader()
-        self.leader.activate(high_watermark)
+        self.leader.activate(high_watermark, restarted)
         if self.config.embedded_acks == "all":
             store.set_replicated_wait(self._wait_replicated)
         log.info("node %d leads at epoch %d", self.node_id, epoch)

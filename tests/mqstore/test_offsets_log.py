@@ -281,3 +281,18 @@ def test_a_promoted_follower_rebuilds_without_being_told(tmp_path, open_store):
     follower.commitlog.set_follower(False)
     follower.offsets.commit("g", {("t", 0): (3, "")})
     assert follower.offsets.load("g") == {("t", 0): (3, ""), ("t", 1): (2, "")}
+
+
+def test_a_leader_restarted_held_knows_the_commits_past_what_readers_see(tmp_path, open_store):
+    """Restarted to lead followers (``replicated=True``), readers see what the
+    followers confirmed, but the committed offsets are those of the whole log."""
+    store = open_store()
+    store.put("t", 0, b"a")
+    store.offsets.commit("g", {("t", 0): (1, "old")})
+    high_watermark = store.commitlog.write_position
+    store.set_commit_limit(lambda: high_watermark)
+    store.offsets.commit("g", {("t", 0): (5, "past the hw")})
+    store.close()
+    held = open_store(replicated=True)
+    assert held.max_offset(OFFSETS_TOPIC, 0) == 1
+    assert held.offsets.load("g") == {("t", 0): (5, "past the hw")}

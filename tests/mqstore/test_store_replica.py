@@ -279,3 +279,33 @@ def test_a_cut_at_the_end_drops_an_epoch_that_wrote_nothing(tmp_path, open_store
     assert store.truncate_replica(end) == 0
     assert store.epochs.latest_epoch == 0
     assert store.commitlog.write_position == end
+
+
+def _held_leader(open_store, path) -> int:
+    """A leader whose readers saw 5 of its 10 records (its HW: the rest was not on
+    its followers yet), stopped; returns the HW position."""
+    store = open_store(path=path)
+    for i in range(5):
+        store.put("orders", 0, b"acked-%d" % i)
+    high_watermark = store.commitlog.write_position
+    store.set_commit_limit(lambda: high_watermark)
+    for i in range(5):
+        store.put("orders", 0, b"only-here-%d" % i)
+    store.close()
+    return high_watermark
+
+
+def test_a_store_opened_to_lead_followers_shows_no_more_than_its_last_hw(tmp_path, open_store):
+    """Restarted to lead followers (serve --replica-ids), a store shows readers what
+    the last checkpoint recorded as readable (at most the HW then), not its whole
+    recovered log: a follower promoted meanwhile may lack that tail and cut it."""
+    path = tmp_path / "leader"
+    high_watermark = _held_leader(open_store, path)
+    held = open_store(path=path, replicated=True)
+    assert held.held_at_open == high_watermark
+    assert held.max_offset("orders", 0) == 5
+    assert not held.is_follower  # it takes writes: the replication node leads
+    held.close()
+    plain = open_store(path=path)  # embedded, no followers: everything is readable
+    assert plain.held_at_open is None
+    assert plain.max_offset("orders", 0) == 10

@@ -343,3 +343,28 @@ def test_a_promoted_follower_answers_a_retry_as_its_leader(tmp_path: Any) -> Non
     finally:
         follower.close()
         leader.close()
+
+
+def test_a_leader_restarted_held_folds_the_state_past_what_readers_see(tmp_path: Any) -> None:
+    """Restarted to lead followers, a store shows readers only what they confirmed
+    (MessageStore.open(replicated=True)), but its producer state covers its whole log:
+    a retry of a batch past the hold is answered with its offset, not appended again
+    (the chaos suite's duplicate after a leader's restart)."""
+    from mqstore import MessageStore
+
+    store = MessageStore.open(tmp_path / "store")
+    store.create_topic("t", 1)
+    state = ProducerState(log=store.producer_log)
+    assert _append(store, state, 5, 0, "t", 0, 0, 2) == 0
+    high_watermark = store.commitlog.write_position
+    store.set_commit_limit(lambda: high_watermark)  # the followers hold this much
+    assert _append(store, state, 5, 0, "t", 0, 2, 2) == 2
+    store.close()
+    with MessageStore.open(tmp_path / "store", replicated=True) as held:
+        assert held.max_offset("t", 0) == 2  # readers see what the followers held
+        reloaded = ProducerState(log=held.producer_log)
+        # The broker prunes with what readers see (a journal may name lost batches):
+        # with the state in the log, that must forget nothing.
+        assert reloaded.prune(lambda topic, partition: held.max_offset(topic, partition)) == 0
+        assert reloaded.check(5, 0, "t", 0, 2, 2).duplicate_offset == 2
+        assert reloaded.check(5, 0, "t", 0, 4, 1) == (0, None)

@@ -477,3 +477,33 @@ def test_a_promoted_follower_drops_the_group_it_holds_only_half_of(tmp_path):
         assert again.first_queue_offset == 1
         assert [m.value for m in follower.get(TOPIC, 0, 0, 20)] == [b"before"] + [b"r"] * 10
         node.close()
+
+
+@pytest.mark.parametrize("followers", [(), (1,)])
+def test_a_restarted_leader_shows_more_only_as_its_followers_confirm_it(tmp_path, followers):
+    """Opened held (``replicated=True``), a leader's HW starts where the hold is: with
+    followers configured readers see no more until the followers confirm it; without
+    any, the hold goes when it starts leading."""
+    config = StoreConfig(commitlog_file_size_bytes=FILE_BYTES, prewarm=False)
+    with MessageStore.open(tmp_path / "leader", config) as store:
+        for i in range(5):
+            store.put(TOPIC, 0, b"acked-%d" % i)
+        high_watermark = store.commitlog.write_position
+        store.set_commit_limit(lambda: high_watermark)
+        for i in range(5):
+            store.put(TOPIC, 0, b"only-here-%d" % i)
+    with MessageStore.open(tmp_path / "leader", config, replicated=True) as store:
+        node = ReplicaNode(store, ReplicationConfig(replica_ids=followers), node_id=0)
+        node.start("127.0.0.1", 9)
+        try:
+            assert node.leader.high_watermark() >= high_watermark
+            store.put(TOPIC, 0, b"after")
+            deadline = time.monotonic() + 10
+            want = 5 if followers else 11
+            while store.max_offset(TOPIC, 0) != want:
+                assert time.monotonic() < deadline, store.max_offset(TOPIC, 0)
+                time.sleep(0.01)
+            time.sleep(0.2)  # and it stays there
+            assert store.max_offset(TOPIC, 0) == want
+        finally:
+            node.close()
