@@ -75,6 +75,7 @@ class MappedUnitFile:
     """
 
     __slots__ = (
+        "__weakref__",  # a TimeIndex remembers the files it reads (time_index.py)
         "_mapping",
         "allocated_bytes",
         "commitlog_offsets",
@@ -197,6 +198,7 @@ class MappedTimeFile:
     """
 
     __slots__ = (
+        "__weakref__",  # a TimeIndex remembers the files it reads (time_index.py)
         "_block_max_position",
         "_mapping",
         "allocated_bytes",

@@ -27,13 +27,17 @@ when the queue has grown. It is never persisted, so it cannot be stale after a c
 from __future__ import annotations
 
 import bisect
+import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue.format import blocks_per_file
+
+if TYPE_CHECKING:
+    from mqstore.consumequeue.mapped_file import MappedTimeFile, MappedUnitFile
 
 __all__ = [
     "BlockGeometry",
@@ -45,6 +49,9 @@ __all__ = [
 ]
 
 INITIAL_CAPACITY_ENTRIES = 64  # grows by doubling; one entry per N units of the queue
+# Files whose mappings an index remembers (weakly): a queue's look-ups hit a few files;
+# past this many the oldest half is forgotten (a miss costs one FileCache look-up).
+REMEMBERED_FILES_MAX = 64
 
 
 class BlockGeometry:
@@ -87,6 +94,7 @@ class TimeIndex:
 
     __slots__ = (
         "_count",
+        "_files",
         "_running_max",
         "block_start",
         "covered_max_offset",
@@ -106,6 +114,8 @@ class TimeIndex:
         self.head_start = 0
         self.head_max = np.zeros(0, dtype=np.int64)
         self.head_key: Hashable = None
+        self._files: dict[int, tuple[weakref.ref[MappedTimeFile], weakref.ref[MappedUnitFile]]]
+        self._files = {}
 
     @property
     def count(self) -> int:
@@ -146,6 +156,31 @@ class TimeIndex:
             np.maximum(window, self._running_max[self._count - 1], out=window)
         self._count = needed
         self.covered_max_offset = covered_max_offset
+
+    def files(self, file_index: int) -> tuple[MappedTimeFile, MappedUnitFile] | None:
+        """The time and unit file ``file_index`` as ``remember_files`` was given them,
+        while the store's FileCache (or a reader's view) still holds both; else None."""
+        refs = self._files.get(file_index)
+        if refs is None:
+            return None
+        times, units = refs[0](), refs[1]()
+        if times is None or units is None:
+            return None
+        return times, units
+
+    def remember_files(self, file_index: int, times: MappedTimeFile, units: MappedUnitFile) -> None:
+        """Keep weak references to file ``file_index``'s mappings, so that a look-up
+        skips the FileCache (its LRU and key tuples: about 3 us a file when the
+        caches are cold) while the mappings live; the index never keeps one alive.
+
+        Sound because the index lives only while the units it covers do not change
+        (the queue drops it on truncation, deletion and reload): a file's mapping
+        stays the file's for the index's lifetime."""
+        if len(self._files) >= REMEMBERED_FILES_MAX:
+            for key in list(self._files)[: REMEMBERED_FILES_MAX // 2]:
+                del self._files[key]
+        self._files[file_index] = (weakref.ref(times), weakref.ref(units))
+        assert len(self._files) <= REMEMBERED_FILES_MAX
 
     def first_block_reaching(self, timestamp_ms: int) -> int | None:
         """The first global block whose running maximum is >= ``timestamp_ms``, or None."""

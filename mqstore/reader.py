@@ -217,12 +217,14 @@ class StoreReader:
         while at < count:
             mapped = self._file_of_unit(queue, topic, queue_id, start + at, int(physicals[at]))
             file_end = mapped.start_offset + mapped.size_bytes
-            stop = at + 1
-            while stop < count and physicals[stop] < file_end:  # units are in log order
-                stop += 1
+            stop = count  # units are in log order: the run ends at the first past the file
+            if physicals[count - 1] >= file_end:
+                stop = at + 1
+                while physicals[stop] < file_end:
+                    stop += 1
             whole = at == 0 and stop == count  # one file (a time probe's two units): no copies
             try:
-                stamps += read_run_timestamps(
+                run = read_run_timestamps(
                     mapped.mapping, mapped.path, mapped.start_offset,
                     physicals if whole else physicals[at:stop], sizes if whole else sizes[at:stop],
                     topic, queue_id, start + at, create_time=create_time,
@@ -231,6 +233,9 @@ class StoreReader:
                 if not mapped.mapping.closed:
                     raise
                 self._raise_file_gone(topic, queue_id, start + at, mapped)
+            if whole:
+                return run
+            stamps += run
             at = stop
         return stamps
 

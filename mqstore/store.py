@@ -942,7 +942,8 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             if found is not None:
                 return found
         probe = queue.time_probe(timestamp_ms)
-        self._check_time_answer(queue, topic, queue_id, timestamp_ms, probe)
+        if probe.timestamps_ms:  # else no unit is readable: nothing to check
+            self._check_time_answer(queue, topic, queue_id, timestamp_ms, probe)
         return probe.offset
 
     def _check_time_answer(
@@ -962,14 +963,15 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             queue, topic, queue_id, probe.start, probe.commitlog_offsets, probe.sizes,
             create_time=self._uses_create_time(topic),
         )  # fmt: skip
-        for index, (stamp, record_stamp) in enumerate(zip(stamps, actual, strict=True)):
-            if record_stamp != stamp:
-                raise CorruptDataError(
-                    queue.directory,
-                    (probe.start + index) * 8,
-                    f"time companion of {topic}/{queue_id}@{probe.start + index} says "
-                    f"{stamp} ms, the record says {record_stamp} ms",
-                )
+        if actual != stamps:  # the loop below only names the first mismatch
+            for index, (stamp, record_stamp) in enumerate(zip(stamps, actual, strict=True)):
+                if record_stamp != stamp:
+                    raise CorruptDataError(
+                        queue.directory,
+                        (probe.start + index) * 8,
+                        f"time companion of {topic}/{queue_id}@{probe.start + index} says "
+                        f"{stamp} ms, the record says {record_stamp} ms",
+                    )
         if probe.offset is None and stamps[-1] >= timestamp_ms:
             last = probe.start + len(stamps) - 1
             raise CorruptDataError(queue.directory, last * 8, "time index missed a match")

@@ -234,3 +234,39 @@ def test_an_unwritten_probed_unit_is_corrupt(
         queue.time_probe(stamps[5])
     probe = queue.time_probe(stamps[7])  # units 6 and 7 are intact
     assert (probe.offset, probe.start, probe.timestamps_ms) == (7, 6, stamps[6:8])
+
+
+def test_remembered_files_never_keep_an_evicted_mapping(
+    open_store: StoreFactory, search: str
+) -> None:
+    """A look-up remembers the files it read (weakly, to skip the FileCache next time);
+    once the cache evicts them they are gone from the index too (the store's bound on
+    mappings and descriptors holds), and answers stay right while files come and go."""
+    store = open_store(max_open_files=2, shared_units_max=0)  # one file pair at a time
+    queue = store.queue("t", 0)
+    stamps = [3 * offset // 2 for offset in range(6 * UPF)]  # equal runs, six files
+    append(queue, 0, stamps)
+    for target in [stamps[5], stamps[3 * UPF + 1], stamps[UPF], stamps[-1], stamps[2] + 1]:
+        probe = queue.time_probe(target)
+        assert probe.offset == model(stamps, 0, target)
+        check_probe(probe, stamps, 0)
+    index = queue._time_index
+    assert index is not None
+    assert queue.offset_for_time(stamps[5]) == model(stamps, 0, stamps[5])
+    assert index.files(0) is not None  # file 0 is the cache's pair now: remembered
+    assert queue.offset_for_time(stamps[-1]) == model(stamps, 0, stamps[-1])
+    assert index.files(0) is None  # evicted for file 5's pair: the index let it go
+    assert index.files(len(stamps) // UPF - 1) is not None
+
+
+def test_a_read_only_queue_reads_its_files_through_the_cache(
+    open_store: StoreFactory, search: str
+) -> None:
+    """A reader never uses remembered files: the cache notices a file the writer removed."""
+    writer = open_store(shared_units_max=0).queue("t", 0)
+    stamps = list(range(100, 100 + 3 * UPF))
+    append(writer, 0, stamps)
+    reader = open_store(read_only=True, shared_units_max=0).queue("t", 0)
+    assert reader.offset_for_time(stamps[UPF + 2]) == UPF + 2
+    index = reader._time_index
+    assert index is not None and index.files(1) is None

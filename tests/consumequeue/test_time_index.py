@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue.time_index import (
+    REMEMBERED_FILES_MAX,
     BlockGeometry,
     TimeIndex,
     first_reaching_py,
@@ -117,3 +118,23 @@ def test_first_reaching_scans_its_window(
 def test_bad_arguments_are_value_errors(functions: tuple[Any, Any], call: Any) -> None:
     with pytest.raises(ValueError):
         call(functions)
+
+
+class _Mapped:
+    """Stands for a mapped file: remember_files only takes weak references."""
+
+    __slots__ = ("__weakref__",)
+
+
+def test_remembered_files_are_weak_and_bounded() -> None:
+    index = TimeIndex(0)
+    held = [(_Mapped(), _Mapped()) for _ in range(REMEMBERED_FILES_MAX + 1)]
+    for file_index, (times, units) in enumerate(held):
+        index.remember_files(file_index, times, units)  # type: ignore[arg-type]
+    del times, units  # the loop's names would keep the last pair alive
+    assert index.files(0) is None  # the oldest half went when the bound was reached
+    assert index.files(REMEMBERED_FILES_MAX // 2) == held[REMEMBERED_FILES_MAX // 2]
+    assert index.files(REMEMBERED_FILES_MAX) == held[REMEMBERED_FILES_MAX]
+    held[REMEMBERED_FILES_MAX] = (_Mapped(), held[REMEMBERED_FILES_MAX][1])
+    assert index.files(REMEMBERED_FILES_MAX) is None  # its time file is gone
+    assert index.files(10**6) is None
