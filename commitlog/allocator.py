@@ -4,10 +4,11 @@ When the log has written ``prepare_next_percent`` of file k (0: as soon as it st
 file k, RocketMQ's way), it asks for file k+1. One background thread creates it at
 full size, pre-warms it (MappedFile.create) and parks it, one file at a time (the
 log requests file k+1 only once it writes file k, so two files are never pre-warmed
-at once). At the roll, ``take`` hands
-the parked file over at once; it waits for the build in progress if the writer
-outruns allocation, and creates the file itself if no request was made (the first
-file, or with ``preallocate_next`` off).
+at once). The pre-warm is paced (at most half a CPU: MappedFile.prewarm), so that
+faulting in a whole file does not stall the writers on a small machine. At the roll,
+``take`` hands the parked file over at once; it waits for the build in progress if
+the writer outruns allocation (and ends the pacing: ``hurry``), and creates the file
+itself if no request was made (the first file, or with ``preallocate_next`` off).
 
 Crash policy: a half-built file carries the suffix ``.allocating`` and is removed at
 the next load; a finished, parked file is an all-zero file that recovery keeps or
@@ -49,6 +50,9 @@ class AllocationService:
         self._ready: dict[int, MappedFile] = {}
         self._failed: dict[int, BaseException] = {}
         self._closed = False
+        #: Set while a writer waits for the file being built: its prewarm stops pacing.
+        self._hurry = threading.Event()
+        self._waiting = 0  # writers in take() waiting for a build
         self.allocate_ns: list[int] = []  # time to build each file, for reports
         self._thread = threading.Thread(target=self._run, name="mqstore-allocate", daemon=True)
         self._thread.start()
@@ -73,14 +77,19 @@ class AllocationService:
             while self._requested == start_offset and start_offset not in self._ready:
                 if self._closed:
                     raise StoreClosedError("the allocation service is closed")
-                self._condition.wait()
+                self._hurry.set()  # the writer outran the paced prewarm
+                self._waiting += 1
+                try:
+                    self._condition.wait()
+                finally:
+                    self._waiting -= 1
             mapped = self._ready.pop(start_offset, None)
             self._failed.pop(start_offset, None)
         if mapped is not None:
             return mapped
         return self._build(start_offset)
 
-    def _build(self, start_offset: int) -> MappedFile:
+    def _build(self, start_offset: int, hurry: threading.Event | None = None) -> MappedFile:
         started_ns = time.perf_counter_ns()
         mapped = MappedFile.create(
             self.directory,
@@ -89,6 +98,7 @@ class AllocationService:
             self.prewarm,
             self.mlock,
             self.write_back,
+            hurry,
         )
         self.allocate_ns.append(time.perf_counter_ns() - started_ns)
         return mapped
@@ -101,9 +111,11 @@ class AllocationService:
                 if self._closed:
                     return
                 start_offset = self._requested
+                if not self._waiting:  # else a writer already waits for this build
+                    self._hurry.clear()
             assert start_offset is not None
             try:
-                mapped = self._build(start_offset)
+                mapped = self._build(start_offset, self._hurry)  # paced: see MappedFile
             except BaseException as error:  # reported to the writer at take(); never lost
                 log.warning("allocating the CommitLog file at %d failed: %s", start_offset, error)
                 with self._condition:
@@ -125,6 +137,7 @@ class AllocationService:
         """Stop the thread; parked files stay on disk (all zeros) for recovery to keep."""
         with self._condition:
             self._closed = True
+            self._hurry.set()
             self._condition.notify_all()
         self._thread.join()
         with self._condition:

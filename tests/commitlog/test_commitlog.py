@@ -439,12 +439,13 @@ def slow_allocation(monkeypatch):
     builds: list[tuple[str, int]] = []
     real_build = AllocationService._build
 
-    def build(self, start_offset):
+    def build(self, start_offset, hurry=None):
         thread = threading.current_thread().name
         builds.append((thread, start_offset))
         if thread == "mqstore-allocate":
             assert release.wait(DEADLINE_S)
-        return real_build(self, start_offset)
+            assert hurry is not None and hurry.is_set()  # the writer waits: no pacing
+        return real_build(self, start_offset, hurry)
 
     monkeypatch.setattr(AllocationService, "_build", build)
     return release, builds

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -70,3 +71,34 @@ def test_create_makes_the_size_and_the_name_durable(tmp_path, syscalls):
     assert syscalls.undurable_names() == []
     kinds = [(kind, path) for kind, path in syscalls.events]
     assert kinds.index(("fdatasync", tmp)) < kinds.index(("rename", mapped.path))
+
+
+class _CountingEvent(threading.Event):
+    """A hurry event that records how prewarm waits on it (and never sleeps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waits.append(timeout)
+        return super().wait(0)
+
+
+def test_a_background_prewarm_pauses_between_slices(tmp_path):
+    """Given a hurry event (the allocation service's background build), prewarm
+    faults the file in by slices and pauses on the event after each but the last, as
+    long as the slice took and at least the minimum; every page is faulted in. A set
+    event ends the pauses (Event.wait returns at once); without one, none are taken."""
+    from mqstore.commitlog.mapped_file import PREWARM_PAUSE_MIN_S, PREWARM_SLICE_BYTES
+
+    hurry = _CountingEvent()
+    size = PREWARM_SLICE_BYTES * 3
+    mapped = MappedFile.create(str(tmp_path), 0, size, True, False, hurry=hurry)
+    try:
+        assert len(hurry.waits) == 2
+        assert min(hurry.waits) >= PREWARM_PAUSE_MIN_S
+        assert bytes(mapped.mapping[size - 8 : size]) == bytes(8)
+    finally:
+        mapped.close()
