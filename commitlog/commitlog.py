@@ -822,6 +822,13 @@ class CommitLog:
             self._wait_durable(group_commit, position)
         return BatchAppendResult(positions, batch.sizes, first_queue_offset, store_ts_ms)
 
+    def next_queue_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next append to (topic, queue_id) gets: the end of the
+        queue in the log, which readers may not see all of yet (the dispatcher is
+        behind, or held by a commit limit)."""
+        with self._lock:
+            return self._queue_offset(topic, queue_id)
+
     def _queue_offset(self, topic: str, queue_id: int) -> int:
         """Under the lock: the next queue offset of (topic, queue_id)."""
         queue_offset = self._queue_offsets.get((topic, queue_id))

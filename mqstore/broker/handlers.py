@@ -176,8 +176,11 @@ class Handlers:
         self.describe_configs = self.admin.describe_configs
 
     def _end_offset(self, topic: str, partition: int) -> int | None:
+        """The partition's end in the log, for ``ProducerState.prune`` (None: gone)."""
+        if not 0 <= partition < self._partitions(topic):
+            return None
         try:
-            return self.log.high_watermark(topic, partition)
+            return self.log.log_end_offset(topic, partition)
         except StoreError:
             return None
 

@@ -91,6 +91,8 @@ class PartitionLog(Protocol):
 
     def high_watermark(self, topic: str, partition: int) -> int: ...
 
+    def log_end_offset(self, topic: str, partition: int) -> int: ...
+
     def offset_for_time(
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None: ...
@@ -196,6 +198,15 @@ class RecordLog:
 
     def high_watermark(self, topic: str, partition: int) -> int:
         return self.engine.latest_offset(topic, partition)
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        """The partition's end in the log: past the high watermark when readers do
+        not see all of it yet (a CommitLog's queue end; else the high watermark)."""
+        commitlog = getattr(self.engine, "commitlog", None)
+        if commitlog is None:
+            return self.high_watermark(topic, partition)
+        self.engine.describe_topic(topic)  # UnknownTopicError for a topic that is gone
+        return int(commitlog.next_queue_offset(topic, partition))
 
     def offset_for_time(
         self, topic: str, partition: int, timestamp_ms: int

@@ -267,14 +267,12 @@ class ProducerState:
                                  value_for)  # fmt: skip
 
     def prune(self, end_offset: Callable[[str, int], int | None]) -> int:
-        """Forget batches at or past their partition's end (``end_offset`` None: the
-        partition is gone): a journal may name batches the engine lost. Returns how
-        many batches were forgotten. With the state in the log there is nothing to
-        prune: a state record and its batch are one append group, and a truncation
-        reloads the state; and the end readers see may lie before batches the log
-        holds (a leader restarted held), whose retries must be answered."""
-        if self._log is not None:
-            return 0
+        """Forget batches at or past their partition's end in the log (``end_offset``
+        None: the partition is gone): a journal may name batches the engine lost, and
+        a compacted topic's copy (which a truncation does not cut) may name batches a
+        truncation removed. The end must be the log's, not the one readers see: a
+        leader restarted held (mqstore.store_replica) holds batches past it, whose
+        retries must be answered as duplicates. Returns how many were forgotten."""
         forgotten = 0
         for key in list(self._entries):
             _, topic, partition = key

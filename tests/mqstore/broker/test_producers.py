@@ -363,8 +363,31 @@ def test_a_leader_restarted_held_folds_the_state_past_what_readers_see(tmp_path:
     with MessageStore.open(tmp_path / "store", replicated=True) as held:
         assert held.max_offset("t", 0) == 2  # readers see what the followers held
         reloaded = ProducerState(log=held.producer_log)
-        # The broker prunes with what readers see (a journal may name lost batches):
-        # with the state in the log, that must forget nothing.
-        assert reloaded.prune(lambda topic, partition: held.max_offset(topic, partition)) == 0
+        # The broker prunes with the log's end (a journal or a compacted copy may name
+        # lost batches), not the end readers see: nothing is forgotten here.
+        assert held.max_offset("t", 0) < held.commitlog.next_queue_offset("t", 0) == 4
+        assert reloaded.prune(held.commitlog.next_queue_offset) == 0
         assert reloaded.check(5, 0, "t", 0, 2, 2).duplicate_offset == 2
         assert reloaded.check(5, 0, "t", 0, 4, 1) == (0, None)
+
+
+def test_state_naming_a_batch_past_the_logs_end_is_pruned(tmp_path: Any) -> None:
+    """A state record can name a batch the log no longer holds (a compacted copy of
+    the state topic is not cut by a truncation): pruned by the log's end, its retry
+    is appended, not answered with an offset nothing is at."""
+    from mqstore.broker.producers import STATE_KEY, _state_value
+
+    store = open_engine("commitlog", tmp_path / "store")
+    try:
+        store.create_topic("t", 1)
+        state = ProducerState(log=store.producer_log)
+        assert _append(store, state, 5, 0, "t", 0, 0, 2) == 0
+        stale = _state_value(0, [(0, 1, 0), (2, 3, 2)])  # batch 2-3 at offset 2: not there
+        store.producer_log.append([(STATE_KEY.pack(5, 0) + b"t", stale)])
+        reloaded = ProducerState(log=store.producer_log)
+        assert reloaded.check(5, 0, "t", 0, 2, 2).duplicate_offset == 2
+        assert reloaded.prune(store.commitlog.next_queue_offset) == 1
+        assert reloaded.check(5, 0, "t", 0, 2, 2) == (0, None)
+        assert reloaded.check(5, 0, "t", 0, 0, 2).duplicate_offset == 0
+    finally:
+        store.close()
