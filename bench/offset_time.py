@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
-import pstats
 import shutil
 import sqlite3
 import statistics
@@ -58,7 +56,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from bench.common import load_sample, machine_info, write_results
+from bench.common import load_sample, machine_info, profile_rows, write_results
 from mqstore import MessageStore, StoreConfig
 
 TOPIC = "times"
@@ -279,20 +277,8 @@ def profile_layers(
         whole(queue_id, target)
     profile.disable()
     out["cprofile_calls"] = len(lookups)
-    out["top_by_own_time"] = _profile_rows(profile)
+    out["top_by_own_time"] = profile_rows(profile, PROFILE_ROWS)
     return out
-
-
-def _profile_rows(profile: cProfile.Profile) -> list[dict[str, Any]]:
-    stats = pstats.Stats(profile, stream=io.StringIO())
-    rows = []
-    for (filename, line, name), (_cc, calls, own, cumulative, _) in sorted(
-        stats.stats.items(),  # type: ignore[attr-defined]
-        key=lambda item: -item[1][2],
-    )[:PROFILE_ROWS]:
-        rows.append({"function": f"{os.path.basename(filename)}:{line}({name})", "calls": calls,
-                     "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)})  # fmt: skip
-    return rows
 
 
 def profile_text(profiled: dict[str, Any], figures: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import load_sample, machine_info, write_results
+from bench.common import load_sample, machine_info, profile_rows, write_results
 from bench.peers import open_lmdb
 from mqstore import MessageStore, StoreConfig
 from mqstore.commitlog.checkpoint import CheckpointFile
@@ -306,16 +306,8 @@ def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def _profile_rows(profile: cProfile.Profile) -> list[dict[str, Any]]:
-    stats = pstats.Stats(profile, stream=io.StringIO())
-    total = stats.total_tt  # type: ignore[attr-defined]
-    rows = []
-    for (filename, line, name), (_cc, calls, own, cumulative, _) in sorted(
-        stats.stats.items(),  # type: ignore[attr-defined]
-        key=lambda item: -item[1][2],
-    )[:PROFILE_ROWS]:
-        rows.append({"function": f"{os.path.basename(filename)}:{line}({name})", "calls": calls,
-                     "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)})  # fmt: skip
-    return [{"total_s": round(total, 4)}, *rows]
+    total = pstats.Stats(profile, stream=io.StringIO()).total_tt  # type: ignore[attr-defined]
+    return [{"total_s": round(total, 4)}, *profile_rows(profile, PROFILE_ROWS)]
 
 
 def _profile_text(profiled: dict[str, Any]) -> str:
