@@ -1,14 +1,18 @@
 """What a store records about itself at creation: its layout and its defaults.
 
-File ``<root>/layout`` (atomic JSON, checksummed like ``topics``), version 2::
+File ``<root>/layout`` (atomic JSON, checksummed like ``topics``), version 3::
 
-    {"version": 2,
+    {"version": 3,
      "layout": {"commitlog_file_size_bytes": N, "consumequeue_units_per_file": N},
      "defaults": {"flush_mode": "async", "retention_hours": 72.0, "retention_bytes": -1},
      "checksum": "<xxh3_64 hex of the canonical JSON of {layout, defaults}>"}
 
 Version 1 (no ``version`` key) holds only ``layout``, its checksum over ``layout``;
-it is still read, and a writer rewrites it as version 2 with its own defaults.
+it is still read, and a writer rewrites it as the current version with its own
+defaults. Version 2 has version 3's fields; a writer rewrites it as version 3 with
+its recorded values. Version 3 says the CommitLog may hold append groups
+(FLAG_GROUP_OPEN, mqstore.commitlog.record), a flag code before it reads as a
+corrupt record and would cut the log at: it refuses the version instead.
 
 Why: the two layout sizes are fixed per store (every CommitLog file and every
 ConsumeQueue unit file has them), but a store's files do not always show them (a
@@ -49,7 +53,8 @@ __all__ = [
 ]
 
 LAYOUT_FILE: Final = "layout"
-VERSION: Final = 2
+VERSION: Final = 3
+_WITH_DEFAULTS: Final = (2, VERSION)  # the versions that record defaults
 LAYOUT_FIELDS: Final = ("commitlog_file_size_bytes", "consumequeue_units_per_file")
 DEFAULT_FIELDS: Final = ("flush_mode", "retention_hours", "retention_bytes")
 
@@ -74,9 +79,9 @@ def _load(root: str) -> tuple[dict[str, int], dict[str, Any], int] | None:
         raise CorruptDataError(path, 0, "layout is not a JSON object")
     version = document.get("version", 1)
     layout = document.get("layout")
-    defaults = document.get("defaults", {}) if version == VERSION else {}
-    summed = {"layout": layout, "defaults": defaults} if version == VERSION else layout
-    if version not in (1, VERSION) or document.get("checksum") != json_checksum(summed):
+    defaults = document.get("defaults", {}) if version in _WITH_DEFAULTS else {}
+    summed = {"layout": layout, "defaults": defaults} if version in _WITH_DEFAULTS else layout
+    if version not in (1, *_WITH_DEFAULTS) or document.get("checksum") != json_checksum(summed):
         raise CorruptDataError(path, 0, f"layout version {version!r} or checksum do not match")
     if (
         not isinstance(layout, dict)
@@ -85,7 +90,7 @@ def _load(root: str) -> tuple[dict[str, int], dict[str, Any], int] | None:
     ):
         raise CorruptDataError(path, 0, "layout fields do not match")
     if not isinstance(defaults, dict) or (
-        version == VERSION and set(defaults) != set(DEFAULT_FIELDS)
+        version in _WITH_DEFAULTS and set(defaults) != set(DEFAULT_FIELDS)
     ):
         raise CorruptDataError(path, 0, "recorded defaults do not match")
     try:
@@ -118,6 +123,10 @@ def load_defaults(root: str) -> dict[str, Any]:
 def _record(root: str, config: StoreConfig) -> None:
     layout = {name: getattr(config, name) for name in LAYOUT_FIELDS}
     defaults = {name: getattr(config, name) for name in DEFAULT_FIELDS}
+    _write(root, layout, defaults)
+
+
+def _write(root: str, layout: dict[str, int], defaults: dict[str, Any]) -> None:
     summed = {"layout": layout, "defaults": defaults}
     document = {"version": VERSION, **summed, "checksum": json_checksum(summed)}
     write_json_atomically(os.path.join(root, LAYOUT_FILE), document)
@@ -147,9 +156,11 @@ def resolve_config(root: str, config: StoreConfig, *, record: bool) -> StoreConf
     _refuse_conflicts(root, config, layout)
     adopted = config.adopting({**layout, **defaults})
     assert all(getattr(adopted, name) == layout[name] for name in LAYOUT_FIELDS)
-    if record and version != VERSION:
+    if record and version == 1:
         # A version 1 store never recorded its defaults: this writer's become them.
         _record(root, adopted)
+    elif record and version != VERSION:  # what it recorded, marked for this code
+        _write(root, layout, defaults)
     return adopted
 
 

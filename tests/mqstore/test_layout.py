@@ -113,10 +113,35 @@ def test_a_version_1_layout_is_read_and_upgraded_by_a_writer(tmp_path):
     assert load_defaults(path) == {}
     MessageStore.open(path, StoreConfig(flush_mode="sync")).close()
     with open(os.path.join(path, LAYOUT_FILE)) as handle:
-        assert json.load(handle)["version"] == 2
+        assert json.load(handle)["version"] == 3
     assert load_layout(path) == layout
     assert load_defaults(path) == {"flush_mode": "sync", "retention_hours": 72.0,
                                    "retention_bytes": -1}  # fmt: skip
+
+
+def _write_layout(path: str, version: int, defaults: dict) -> None:
+    layout = {"commitlog_file_size_bytes": 256 * 1024, "consumequeue_units_per_file": 64}
+    summed = {"layout": layout, "defaults": defaults}
+    with open(os.path.join(path, LAYOUT_FILE), "w") as handle:
+        json.dump({"version": version, **summed, "checksum": json_checksum(summed)}, handle)
+
+
+def test_a_version_2_layout_is_upgraded_with_its_values_and_a_later_one_refused(tmp_path):
+    """A writer rewrites version 2 (stop 23's) as version 3 with the values it
+    recorded, so that code from before append groups refuses the store instead of
+    reading their flag as corruption and cutting the log there; a version this code
+    does not know is refused the same way, before any file is touched."""
+    path = str(tmp_path / "s")
+    MessageStore.open(path, StoreConfig(**SMALL)).close()
+    recorded = {"flush_mode": "sync", "retention_hours": 5.0, "retention_bytes": -1}
+    _write_layout(path, 2, recorded)
+    MessageStore.open(path, StoreConfig(flush_mode="async")).close()
+    with open(os.path.join(path, LAYOUT_FILE)) as handle:
+        assert json.load(handle)["version"] == 3
+    assert load_defaults(path) == recorded  # not the writer's explicit async
+    _write_layout(path, 4, recorded)
+    with pytest.raises(CorruptDataError, match="layout version 4"):
+        MessageStore.open(path, read_only=True)
 
 
 BROKER_DISK_BYTES = 3 * GIB  # two 1 GiB CommitLog files and a 420 MB index, allocated
