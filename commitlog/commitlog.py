@@ -822,6 +822,16 @@ class CommitLog:
             self._wait_durable(group_commit, position)
         return BatchAppendResult(positions, batch.sizes, first_queue_offset, store_ts_ms)
 
+    def count_queues_from(self, position: int) -> None:
+        """Fold the queue offsets of the records from record boundary ``position`` to
+        the end into the queue-offset table, as recovery folds those past the
+        checkpoint's flushed position: when readers are held before them
+        (``MessageStore.open(replicated=True)``), their ConsumeQueues lack them, and
+        an append must not take a queue's next offset from there."""
+        with self._lock:
+            start = max(position, self.min_position)
+            scan_log(self._files, start, self._queue_offsets, self._appender.last_store_ts_ms)
+
     def next_queue_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next append to (topic, queue_id) gets: the end of the
         queue in the log, which readers may not see all of yet (the dispatcher is

@@ -105,6 +105,9 @@ class ReplicaStore:
             return None  # nothing past what readers saw: nothing to hold
         self.set_commit_limit(lambda: shown)
         self.held_at_open = shown
+        # Recovery counted the records past the checkpoint's flushed position; those
+        # between the hold and it are in no ConsumeQueue until the hold lifts.
+        self.commitlog.count_queues_from(shown)
         return shown
 
     def follow_log_start(self, log_start: int) -> int:

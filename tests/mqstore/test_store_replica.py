@@ -5,6 +5,7 @@ local writes are refused with NotLeaderError."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -309,3 +310,20 @@ def test_a_store_opened_to_lead_followers_shows_no_more_than_its_last_hw(tmp_pat
     plain = open_store(path=path)  # embedded, no followers: everything is readable
     assert plain.held_at_open is None
     assert plain.max_offset("orders", 0) == 10
+
+
+def test_appends_to_a_held_store_take_offsets_after_the_records_it_holds(tmp_path, open_store):
+    """Held at open, a queue's ConsumeQueue lacks the records past the hold: an append
+    takes its offset after them, not after what the queue shows (the long chaos run:
+    a dispatcher stuck on a queue gap after a held leader appended)."""
+    path = tmp_path / "leader"
+    _held_leader(open_store, path)
+    held = open_store(path=path, replicated=True)
+    assert held.max_offset("orders", 0) == 5
+    assert held.put("orders", 0, b"after").queue_offset == 10
+    held.set_commit_limit(None)  # the HW passes everything
+    deadline = time.monotonic() + 10
+    while held.max_offset("orders", 0) < 11:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert [bytes(m.body) for m in held.get("orders", 0, 9, 5)] == [b"only-here-4", b"after"]
