@@ -486,7 +486,12 @@ class Handlers:
         try:
             start = self.log.log_start_offset(topic, partition)
             end = self.log.high_watermark(topic, partition)
-            if not start <= offset <= end:
+            # Kafka: out of range only outside [log start, log end]; between the high
+            # watermark and the log end (a restarted leader's HW starts below what
+            # consumers read before it stopped) the fetch waits for the HW.
+            if offset < start or (
+                offset > end and offset > self.log.log_end_offset(topic, partition)
+            ):
                 code = ErrorCode.OFFSET_OUT_OF_RANGE
             elif offset < end and (budget > 0 or first):
                 limit = min(wanted.partition_max_bytes, max(budget, 1))

@@ -460,3 +460,51 @@ def test_a_follower_refuses_every_write_with_not_leader(tmp_path: Any) -> None:
         store.close()
     assert store.topics.get("fresh") is None
     assert store.offsets.load("g") == {}
+
+
+def test_a_fetch_between_the_high_watermark_and_the_log_end_waits(tmp_path: Any) -> None:
+    """Kafka answers OFFSET_OUT_OF_RANGE only past the log end: a consumer whose
+    position is past the high watermark (a leader restarted with its HW below what
+    consumers read before) waits for the HW instead of being reset to the earliest
+    offset (which the chaos checker saw as offsets going backwards)."""
+    from mqstore.broker import BrokerConfig
+    from tests.mqstore.engines import open_engine
+
+    store = open_engine("commitlog", tmp_path / "store")
+    try:
+        with Broker(store, BrokerConfig(port=0)) as broker:
+            produce_kp(broker, "held", 5)
+            high_watermark = store.commitlog.write_position
+            store.set_commit_limit(lambda: high_watermark)  # readers see offsets 0-4
+            produce_kp(broker, "held", 5)
+            consumer = kp_consumer(broker, auto_offset_reset="earliest")
+            partition = TopicPartition("held", 0)
+            try:
+                consumer.assign([partition])
+                consumer.seek(partition, 8)  # past the HW (5), before the log end (10)
+                assert poll_all_for(consumer, 1.5) == []
+                assert consumer.position(partition) == 8  # not reset to 0
+                store.set_commit_limit(None)
+                store.wake_dispatch()
+                records = poll_all(consumer, 2)
+            finally:
+                consumer.close()
+            assert [r.offset for r in records] == [8, 9]
+            consumer = kp_consumer(broker, auto_offset_reset="earliest")
+            try:  # past the log end: out of range, reset by the policy
+                consumer.assign([partition])
+                consumer.seek(partition, 11)
+                assert [r.offset for r in poll_all(consumer, 10)] == list(range(10))
+            finally:
+                consumer.close()
+    finally:
+        store.close()
+
+
+def poll_all_for(consumer: Any, seconds: float) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=200).values():
+            got.extend(records)
+    return got
