@@ -393,8 +393,6 @@ class Handlers:
         if not 0 <= partition < self._partitions(topic):
             return answer(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         replication = self.replication if acks == -1 else None
-        if replication is not None and not replication.enough_in_sync():
-            return answer(ErrorCode.NOT_ENOUGH_REPLICAS)  # refused before the append
         try:
             batch = check_produced(records)
             header = batch.header
@@ -403,9 +401,16 @@ class Handlers:
             if check.error:
                 return answer(check.error)
             if check.duplicate_offset is not None:
+                # Before the in-sync check: a retry of an appended batch is answered
+                # as what it is (NOT_ENOUGH_REPLICAS_AFTER_APPEND when the in-sync set
+                # is short), never "not appended" (NOT_ENOUGH_REPLICAS).
                 start = self.log.log_start_offset(topic, partition)
                 return answer(self._replicated(replication, timeout_ms), check.duplicate_offset,
                               -1, start)  # fmt: skip
+            if replication is not None and not replication.enough_in_sync():
+                refusal = ErrorCode.NOT_ENOUGH_REPLICAS  # refused before the append
+                self.producers.refused(*identity, header.base_sequence, refusal)
+                return answer(refusal)
             # The batch and its state record: one append group (a crash keeps both or
             # neither) in one append call, so one sync.
             trailer = self.producers.trailer(*identity, header.base_sequence, header.records_count)

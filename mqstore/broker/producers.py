@@ -10,6 +10,16 @@ topic, partition):
 - any other sequence is OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is
   INVALID_PRODUCER_EPOCH; a newer epoch must start again at sequence 0.
 
+One departure: a gap that starts at a batch this broker refused unappended for a
+retriable reason (``refused``: NOT_ENOUGH_REPLICAS) is answered with that refusal,
+not OUT_OF_ORDER_SEQUENCE_NUMBER. The batches behind a refused one were in flight
+with it; librdkafka answers OUT_OF_ORDER there by bumping its epoch and sending
+every unacknowledged message again under the new one, including a batch appended
+earlier whose acks=all wait failed (NOT_ENOUGH_REPLICAS_AFTER_APPEND): that batch is
+then in the log twice (the chaos suite found 3 such duplicates in 600 s). Refused
+the same retriable way, the client retries them in order under the same epoch, and
+the appended batch is answered as a duplicate.
+
 Persistence, on the CommitLog engine: through the log (``log``), so a follower
 that copies the CommitLog holds the same state and, promoted, answers a retried
 batch as the old leader would (duplicate -> its original offsets). Each batch of an
@@ -156,6 +166,9 @@ class ProducerState:
             StoreError: the journal cannot be rewritten (a read-only or full disk).
         """
         self._entries: dict[tuple[int, str, int], _Entry] = {}
+        # (producer id, topic, partition) -> (epoch, first sequence, error code) of
+        # the last batch refused unappended (``refused``); cleared by an append
+        self._refused: dict[tuple[int, str, int], tuple[int, int, int]] = {}
         self._log = log
         self._path = None if directory is None else os.path.join(directory, JOURNAL_NAME)
         self._fd = -1
@@ -351,7 +364,11 @@ class ProducerState:
         """Whether the batch (sequences first .. first + count - 1) may be appended."""
         if producer_id == NO_PRODUCER_ID:
             return _APPEND
-        entry = self._entries.get((producer_id, topic, partition))
+        key = (producer_id, topic, partition)
+        entry = self._entries.get(key)
+        refused = self._refused.get(key)
+        if refused is not None and refused[0] == epoch and _after(first, refused[1]):
+            return SequenceCheck(refused[2])  # in flight behind the refused batch
         if entry is None:
             return _APPEND  # unknown here (new, or from before a restart): start fresh
         if epoch < entry.epoch:
@@ -367,6 +384,22 @@ class ProducerState:
             return SequenceCheck(OUT_OF_ORDER_SEQUENCE_NUMBER)
         return _APPEND
 
+    def refused(
+        self, producer_id: int, epoch: int, topic: str, partition: int, first: int, error: int
+    ) -> None:
+        """Remember a batch refused before its append with the retriable ``error``
+        (NOT_ENOUGH_REPLICAS): until a batch of the producer is appended here, the
+        batches after it are refused the same way (see the module docstring)."""
+        if producer_id == NO_PRODUCER_ID:
+            return
+        key = (producer_id, topic, partition)
+        known = self._refused.get(key)
+        if known is not None and known[0] == epoch and _after(first, known[1]):
+            return  # the gap starts at the earlier one
+        if known is None and len(self._refused) >= PRODUCERS_MAX:
+            del self._refused[next(iter(self._refused))]
+        self._refused[key] = (epoch, first, error)
+
     def appended(
         self,
         producer_id: int,
@@ -381,6 +414,7 @@ class ProducerState:
         batch as its ``trailer``)."""
         if producer_id == NO_PRODUCER_ID:
             return
+        self._refused.pop((producer_id, topic, partition), None)
         last = (first + count - 1) % SEQUENCE_MODULUS
         self._remember(producer_id, epoch, topic, partition, first, last, base_offset)
         if self._log is not None:
@@ -408,6 +442,11 @@ class ProducerState:
                 del self._entries[next(iter(self._entries))]  # the oldest producer
             entry = self._entries[key] = _Entry(epoch)
         entry.batches.append((first, last, base))
+
+
+def _after(sequence: int, other: int) -> bool:
+    """Whether ``sequence`` comes after ``other`` (int32 sequences wrap to 0)."""
+    return 0 < (sequence - other) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2
 
 
 def _state_value(epoch: int, batches: list[tuple[int, int, int]]) -> bytes:

@@ -43,6 +43,26 @@ def test_sequences_duplicates_and_epochs() -> None:
     assert state.check(5, 0, "t", 0, 1, 1).error == 47  # the old epoch is fenced
 
 
+def test_batches_behind_a_refused_one_are_refused_the_same_way() -> None:
+    """A gap that starts at a batch refused unappended (NOT_ENOUGH_REPLICAS, 19) is
+    answered 19 too, not OUT_OF_ORDER (45): librdkafka would bump its epoch and send
+    an appended but unacknowledged batch again (see the module docstring)."""
+    state = ProducerState()
+    state.appended(5, 0, "t", 0, 0, 1, 100)
+    state.refused(5, 0, "t", 0, 1, 19)
+    assert state.check(5, 0, "t", 0, 2, 1).error == 19  # in flight behind the refused one
+    assert state.check(5, 0, "t", 0, 0, 1).duplicate_offset == 100  # a retry before it
+    assert state.check(5, 0, "t", 1, 2, 1).error == 0  # another partition: its own state
+    assert state.check(5, 1, "t", 0, 2, 1).error == 45  # a newer epoch: a plain gap
+    state.refused(5, 0, "t", 0, 2, 19)  # a later refusal does not move the gap's start
+    assert state.check(5, 0, "t", 0, 1, 1).error == 0  # the refused one, retried
+    state.appended(5, 0, "t", 0, 1, 1, 101)
+    assert state.check(5, 0, "t", 0, 3, 1).error == 45  # appended: gaps are gaps again
+    state.refused(7, 0, "t", 0, 4, 19)  # a producer unknown here: the same rule
+    assert state.check(7, 0, "t", 0, 5, 1).error == 19
+    assert state.check(7, 0, "t", 0, 4, 1).error == 0
+
+
 def test_only_the_last_five_batches_are_remembered() -> None:
     state = ProducerState()
     for n in range(BATCHES_REMEMBERED + 1):

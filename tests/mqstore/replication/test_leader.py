@@ -219,6 +219,49 @@ def test_acks_all_needs_the_in_sync_set_and_waits_for_the_follower(replicated):
         _acks_all(broker, b"refused again")
 
 
+def test_a_retry_after_the_in_sync_set_shrank_is_not_appended_twice(replicated):
+    """The chaos suite's duplicate, replayed with raw frames: batch 0 is appended and
+    its acks=all wait ends NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) when the follower
+    leaves the in-sync set; batch 1 is refused unappended (19); the follower catches up
+    and batch 2, in flight behind 1, arrives. Answered OUT_OF_ORDER (45), librdkafka
+    would bump its epoch and send batch 0 again under it: appended twice. Answered 19,
+    the retries in order find batch 0 a duplicate."""
+    from tests.mqstore.broker.test_handlers import (
+        idempotent_batch,
+        produce_answer,
+        produce_frame,
+    )
+
+    broker, follower = replicated
+    leader = broker.engine
+    leader.create_topic("t", partitions=1)
+
+    def send(sequence: int, correlation_id: int) -> Any:
+        batch = idempotent_batch(55, sequence, 1, value=b"b%d" % sequence)
+        return produce_answer(broker.port, produce_frame("t", batch, correlation_id))
+
+    def follow() -> ReplicaFetcher:
+        fetcher = ReplicaFetcher(follower, "127.0.0.1", broker.port, replica_id=1).start()
+        deadline = time.monotonic() + 30
+        while broker.replicas.in_sync() != [1]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return fetcher
+
+    follow().stop()  # in sync, then silent: it leaves the set LAG_MS later
+    first = send(0, 1)  # appended; its wait ends when 1 leaves the set
+    assert (first.error_code, first.base_offset) == (20, 0)
+    assert send(1, 2).error_code == 19  # refused before the append
+    fetcher = follow()  # caught up: back in the set
+    try:
+        assert send(2, 3).error_code == 19  # behind the refused batch: refused alike
+        retried = [send(sequence, 4 + sequence) for sequence in (0, 1, 2)]
+    finally:
+        fetcher.stop()
+    assert [(r.error_code, r.base_offset) for r in retried] == [(0, 0), (0, 1), (0, 2)]
+    assert [bytes(m.body) for m in leader.get("t", 0, 0, 10)] == [b"b0", b"b1", b"b2"]
+
+
 def test_a_lagging_follower_leaves_the_set_and_the_hw_moves_on(tmp_path, store):
     config = ReplicationConfig(
         replica_ids=(1,), min_insync_replicas=1, replica_lag_time_max_ms=LAG_MS
