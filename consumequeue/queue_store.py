@@ -443,6 +443,13 @@ class ConsumeQueueStore:
                 for shared in list(self._logs.values()):
                     shared.flush()
 
+    def sync_everything(self) -> None:
+        """Flush, then make every file and directory of the ConsumeQueue tree durable,
+        written by this process or not (``FileCache.sync_tree``: after an unclean stop)."""
+        self.flush()
+        if not self.read_only:
+            self._ctx.cache.sync_tree(self.directory)
+
     def close(self) -> None:
         """Flush (writer), then drop every mapping. Idempotent. Views handed out by
         get_range stay valid; queues obtained earlier raise StoreClosedError.

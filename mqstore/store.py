@@ -372,6 +372,12 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         if redispatched:
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
         self._apply_topic_retention()  # log starts moved by topic retention are not on disk
+        if self.recovered_from_crash and self.derived_sync_failure is None:
+            try:  # what the dead process wrote and never synced, before a claim on it
+                self.consume_queues.sync_everything()
+            except (StoreError, OSError) as error:
+                self.derived_sync_failure = error  # the claim stays (_write_checkpoint)
+                log.critical("ConsumeQueue sync failed at open; checkpoint frozen: %s", error)
         self._write_checkpoint(derived=True)
 
     def _unit_is_intact(
