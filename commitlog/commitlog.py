@@ -61,6 +61,7 @@ from mqstore.commitlog.errors import (
     CorruptDataError,
     DiskFullError,
     FlushFailedError,
+    FlushTimeoutError,
     IllegalStateError,
     InvalidTypeError,
     LimitExceededError,
@@ -819,7 +820,11 @@ class CommitLog:
             listener()
         group_commit = self._group_commit
         if group_commit is not None:
-            self._wait_durable(group_commit, position)
+            try:
+                self._wait_durable(group_commit, position)
+            except FlushTimeoutError as error:
+                error.first_queue_offset = first_queue_offset  # appended all the same
+                raise
         return BatchAppendResult(positions, batch.sizes, first_queue_offset, store_ts_ms)
 
     def count_queues_from(self, position: int) -> None:

@@ -96,7 +96,12 @@ class FlushTimeoutError(StoreError, TimeoutError):
     """A synchronous flush did not make the bytes durable within the timeout.
 
     The record was appended and may still become durable; it was not acknowledged.
+    ``first_queue_offset``: a batch's first queue offset, when the batch append knows
+    it (None otherwise), so that a caller can still remember what it appended (the
+    broker's idempotent producers: a retry must be answered as a duplicate).
     """
+
+    first_queue_offset: int | None = None
 
 
 class FlushFailedError(StoreError):

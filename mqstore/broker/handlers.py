@@ -418,6 +418,13 @@ class Handlers:
             self.producers.appended(
                 *identity, header.base_sequence, header.records_count, appended.base_offset
             )
+        except FlushTimeoutError as error:
+            if error.first_queue_offset is not None:  # appended, not yet durable: a retry
+                self.producers.appended(  # must be answered as a duplicate
+                    *identity, header.base_sequence, header.records_count,
+                    error.first_queue_offset,
+                )  # fmt: skip
+            return answer(error_for(error))
         except StoreError as error:
             log.info("produce to %s-%d refused: %s", topic, partition, error)
             return answer(error_for(error))

@@ -111,8 +111,14 @@ def test_sync_flush_timeout_raises(tmp_path):
     leader.start()
     assert syncer.entered.wait(10)
     # ...so a second writer cannot become durable in time.
-    with pytest.raises(FlushTimeoutError):
+    with pytest.raises(FlushTimeoutError) as single:
         log.append("t", 0, b"never durable in time")
+    assert single.value.first_queue_offset is None  # a single record's: not told
+    # A batch's error says where it went: it was appended, only not durable in time
+    # (the broker remembers an idempotent batch by it, so its retry is a duplicate).
+    with pytest.raises(FlushTimeoutError) as batch:
+        log.append_batch("t", 0, [b"b0", b"b1"])
+    assert batch.value.first_queue_offset == 2
     syncer.gate.set()
     leader.join(10)
     log.close()

@@ -63,6 +63,39 @@ def test_batches_behind_a_refused_one_are_refused_the_same_way() -> None:
     assert state.check(7, 0, "t", 0, 4, 1).error == 0
 
 
+def test_a_batch_appended_whose_sync_timed_out_is_remembered(tmp_path: Any) -> None:
+    """Sync flush mode: a batch appended whose sync did not end in time is answered
+    REQUEST_TIMED_OUT (7), appended but not acknowledged (FlushTimeoutError carries
+    its first offset). The broker remembers it all the same, so the retry is a
+    duplicate with the original offset, not a second copy."""
+    from mqstore.commitlog.errors import FlushTimeoutError
+
+    store = open_engine("commitlog", tmp_path / "store")
+    store.create_topic("idem", partitions=1)
+    try:
+        with Broker(store, BrokerConfig(port=0)) as broker:
+            assert broker.handlers is not None
+            log = broker.handlers.log
+            append = log.append
+
+            def append_then_time_out(*args: Any, **kwargs: Any) -> Any:
+                log.append = append  # once
+                appended = append(*args, **kwargs)
+                error = FlushTimeoutError("the sync did not end in time")
+                error.first_queue_offset = appended.base_offset
+                raise error
+
+            log.append = append_then_time_out  # type: ignore[method-assign]
+            batch = idempotent_batch(88, 0, 2, value=b"once")
+            first = produce_answer(broker.port, produce_frame("idem", batch, 1))
+            retry = produce_answer(broker.port, produce_frame("idem", batch, 2))
+        assert first.error_code == 7
+        assert (retry.error_code, retry.base_offset) == (0, 0)
+        assert [bytes(m.body) for m in store.get("idem", 0, 0, 10)] == [b"once", b"once"]
+    finally:
+        store.close()
+
+
 def test_only_the_last_five_batches_are_remembered() -> None:
     state = ProducerState()
     for n in range(BATCHES_REMEMBERED + 1):
