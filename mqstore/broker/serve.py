@@ -168,9 +168,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         raise ConfigError(f"replication settings: {error}") from None
     store: Any
-    # Not replicated=True yet: with the hold at open, the long chaos run (600 s, seed
-    # 1) stalled a restarted leader's dispatcher on a ConsumeQueue gap (stop 24).
-    with open_store(args, write=True) as store:
+    # replicated: a restarted leader shows readers no more than its last HW
+    # (MessageStore.open, held_at_open) until its followers are heard again.
+    with open_store(args, write=True, replicated=bool(replica_ids)) as store:
         serve(
             store, host, port, config=config, on_listening=listening, follow=args.follow,
             replica_id=(1 if args.follow else 0) if args.replica_id is None else args.replica_id,
