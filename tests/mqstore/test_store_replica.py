@@ -314,10 +314,11 @@ def test_a_store_opened_to_lead_followers_shows_no_more_than_its_last_hw(tmp_pat
 
 def test_appends_to_a_held_store_take_offsets_after_the_records_it_holds(tmp_path, open_store):
     """Held at open, an append takes its queue offset after the held records, not
-    after what the queue shows, and the dispatcher later puts both in order. This
-    checks the invariant only: the store here was closed cleanly, and this test
-    passes without CommitLog.count_queues_from too; the long chaos run's gap came
-    after a power cut, which it does not reproduce."""
+    after what the queue shows, and the dispatcher later puts both in order. The
+    store here was closed cleanly, and this test passes without
+    CommitLog.count_queues_from too. (The long chaos run's stalled dispatcher had
+    another cause: test_powerloss.py's
+    test_a_queue_directory_made_before_a_kill_survives_a_later_power_cut.)"""
     path = tmp_path / "leader"
     _held_leader(open_store, path)
     held = open_store(path=path, replicated=True)

@@ -184,3 +184,38 @@ def test_connection_bounds_are_set_from_the_command_line(tmp_path: Any) -> None:
     )  # fmt: skip
     assert bad.returncode != 0
     assert "connections_per_address_max" in bad.stderr
+
+
+def test_a_replicated_serve_shows_no_more_than_the_last_hw(tmp_path: Any) -> None:
+    """``serve --replica-ids`` opens the store held (``MessageStore.open(replicated=
+    True)``): readers see what the last checkpoint recorded as readable (at most the
+    HW then), not the tail its followers may lack; without followers, everything."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    from mqstore import MessageStore, StoreConfig
+
+    path = tmp_path / "store"
+    store = MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=1 << 20))
+    store.create_topic("held", partitions=1)
+    for i in range(5):
+        store.put("held", 0, b"acked-%d" % i)
+    high_watermark = store.commitlog.write_position
+    store.set_commit_limit(lambda: high_watermark)  # the rest never reached a follower
+    for i in range(5):
+        store.put("held", 0, b"only-here-%d" % i)
+    store.close()
+
+    def latest(*serve_args: str) -> int:
+        process, address = start_serve(path, "commitlog", serve_args=serve_args)
+        try:
+            admin = AdminClient({"bootstrap.servers": address})
+            wanted = TopicPartition("held", 0)
+            futures = admin.list_offsets({wanted: OffsetSpec.latest()})
+            return int(futures[wanted].result(30).offset)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0
+
+    assert latest("--replica-ids", "1") == 5
+    assert latest() == 10
