@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final
 
 from bench.chaos_checker import History, Observation, Report, Send, check
@@ -74,6 +75,7 @@ class Recorder:
         self.observations: list[Observation] = []
         self.errors: Counter[str] = Counter()
         self.loss_allowed: set[bytes] = set()
+        self.crashed: list[str] = []  # workers an exception ended (see _guarded)
 
     def sent(self, send: Send) -> None:
         with self.lock:
@@ -114,7 +116,7 @@ def _produce(name: str, bootstrap: str, stop: threading.Event, recorder: Recorde
                     value=value,
                     partition=message.partition(),
                     outcome="acked",
-                    offset=message.offset(),
+                    offset=message.offset(),  # None: acknowledged implicitly (see Send)
                 )
             )
             assert message.partition() == partition
@@ -162,6 +164,22 @@ def _produce(name: str, bootstrap: str, stop: threading.Event, recorder: Recorde
         time.sleep(max(0.0, next_at - time.monotonic()))
     producer.flush(FLUSH_TIMEOUT_S)
     _give_up(pending, recorder)
+
+
+def _guarded(
+    work: Callable[[str, str, threading.Event, Recorder], None],
+    name: str,
+    bootstrap: str,
+    stop: threading.Event,
+    recorder: Recorder,
+) -> None:
+    """Run a worker; an exception that ends it is recorded (``crashed``), and the run
+    fails on it: a producer or consumer that died early silently thins the history."""
+    try:
+        work(name, bootstrap, stop, recorder)
+    except BaseException as error:
+        recorder.crashed.append(f"{name}: {error!r}")
+        raise
 
 
 def _give_up(pending: dict[bytes, int], recorder: Recorder) -> None:
@@ -363,11 +381,15 @@ def run(
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
         clients = cluster.bootstrap if bootstrap == "both" else cluster.nodes["A"].address
         workers = [
-            threading.Thread(target=_produce, args=(f"p{i}", clients, stop, recorder), daemon=True)
+            threading.Thread(
+                target=_guarded, args=(_produce, f"p{i}", clients, stop, recorder), daemon=True
+            )
             for i in range(PRODUCERS)
         ]
         workers += [
-            threading.Thread(target=_consume, args=(f"c{i}", clients, stop, recorder), daemon=True)
+            threading.Thread(
+                target=_guarded, args=(_consume, f"c{i}", clients, stop, recorder), daemon=True
+            )
             for i in range(CONSUMERS)
         ]
         for worker in workers:
@@ -442,7 +464,12 @@ def _results(
         "fault_kinds": kinds,
         "bootstrap": bootstrap,
         "operations": len(recorder.sends) + len(recorder.observations) + len(operations),
-        "sends": {"acked": report.acked, "failed": report.failed, "unknown": report.unknown},
+        "sends": {
+            "acked": report.acked,
+            "failed": report.failed,
+            "unknown": report.unknown,
+            "acked_without_offset": report.acked_without_offset,
+        },
         "observed": report.observed,
         "final_records": report.final_records,
         "faults": dict(faults),
@@ -454,6 +481,7 @@ def _results(
         ],
         "allowed": {"lost": report.allowed_lost, "inconsistent": report.allowed_inconsistent},
         "errors": dict(recorder.errors.most_common(30)),
+        "workers_crashed": recorder.crashed,
         "converged": converged,
         "logs_identical": identical,
         "exit_statuses": statuses,
@@ -471,6 +499,16 @@ def _results(
                 "ratio": None,
                 "target": "0",
                 "met": anomalies == 0,
+            },
+            {
+                "row": f"chaos workers that crashed ({seconds:.0f} s, seed {seed})",
+                "value": float(len(recorder.crashed)),
+                "unit": "workers",
+                "peer": None,
+                "peer_value": None,
+                "ratio": None,
+                "target": "0",
+                "met": not recorder.crashed,
             },
             {
                 "row": f"chaos replicas byte-identical ({seconds:.0f} s, seed {seed})",
@@ -540,14 +578,18 @@ def main(argv: list[str] | None = None) -> int:
             f"chaos seed {seed} in {workdir}: sends {results['sends']}, "
             f"faults {results['faults']}, anomalies {results['anomalies']}, "
             f"converged {results['converged']}, "
-            f"identical {results['logs_identical']}",
+            f"identical {results['logs_identical']}, "
+            f"workers crashed {results['workers_crashed']}",
             flush=True,
         )
         runs.append(results)
     bad = [
         r["seed"]
         for r in runs
-        if sum(r["anomalies"].values()) or not r["converged"] or not r["logs_identical"]
+        if sum(r["anomalies"].values())
+        or not r["converged"]
+        or not r["logs_identical"]
+        or r["workers_crashed"]
     ]
     write_results(
         args.out,

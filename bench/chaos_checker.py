@@ -3,8 +3,10 @@
 A history (``History``) holds three kinds of events:
 
 - ``Send``: one produced value (unique across the run) with its outcome: ``acked``
-  (the broker's partition and offset), ``failed`` (it never left the client) or
-  ``unknown`` (an error or no answer: it may or may not have been written).
+  (the broker's partition and offset; no offset when librdkafka acknowledged it
+  implicitly, because a later batch of the same producer succeeded after this one's
+  request failed), ``failed`` (it never left the client) or ``unknown`` (an error or
+  no answer: it may or may not have been written).
 - ``Observation``: a consumer poll returned ``value`` at (partition, offset);
   ``assignment`` numbers the consumer's continuous assignments (a new number after
   every rebalance, so a re-read after a rebalance is not an offset going backwards).
@@ -49,10 +51,10 @@ class Send:
     value: bytes
     partition: int
     outcome: Outcome = attrs.field(validator=attrs.validators.in_(("acked", "failed", "unknown")))
-    offset: int | None = None  # set when acked
+    offset: int | None = None  # when acked, unless acknowledged implicitly
 
     def __attrs_post_init__(self) -> None:
-        assert (self.offset is not None) == (self.outcome == "acked"), self
+        assert self.offset is None or self.outcome == "acked", self
 
 
 @attrs.frozen(kw_only=True)
@@ -85,6 +87,7 @@ class Report:
     counts: dict[str, int]  # every kind of ANOMALY_KINDS, 0 included
     examples: list[Anomaly]
     acked: int
+    acked_without_offset: int  # implicit acks: checked against the final read only
     failed: int
     unknown: int
     observed: int  # observations
@@ -119,6 +122,9 @@ def check(history: History) -> Report:
         counts=counts,
         examples=examples,
         acked=outcomes["acked"],
+        acked_without_offset=sum(
+            1 for send in history.sends if send.outcome == "acked" and send.offset is None
+        ),
         failed=outcomes["failed"],
         unknown=outcomes["unknown"],
         observed=len(history.observations),
@@ -156,11 +162,11 @@ def _lost(history: History, allowed: dict[str, int]) -> list[Anomaly]:
     for send in history.sends:
         if send.outcome != "acked":
             continue
-        assert send.offset is not None
         if send.value not in final_values:
             why = "absent from the final read"
         elif (
-            observed_past.get(send.partition, -1) > send.offset
+            send.offset is not None
+            and observed_past.get(send.partition, -1) > send.offset
             and final_at.get((send.partition, send.offset)) != send.value
         ):
             why = "absent at its acked offset, which consumers read past"
@@ -169,10 +175,9 @@ def _lost(history: History, allowed: dict[str, int]) -> list[Anomaly]:
         if send.value in history.loss_allowed:
             allowed["lost"] += 1
             continue
-        detail = f"{send.value!r} acked at {send.partition}/{send.offset}: {why}"
-        lost.append(
-            Anomaly(kind="lost", partition=send.partition, offset=send.offset, detail=detail)
-        )
+        offset = -1 if send.offset is None else send.offset
+        detail = f"{send.value!r} acked at {send.partition}/{offset}: {why}"
+        lost.append(Anomaly(kind="lost", partition=send.partition, offset=offset, detail=detail))
     return lost
 
 

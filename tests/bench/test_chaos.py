@@ -45,6 +45,7 @@ def test_a_minute_of_kills_pauses_and_cuts_loses_nothing(tmp_path):
         f"see {saved}",
         results["anomaly_examples"][:3],
     )
+    assert results["workers_crashed"] == [], results["workers_crashed"]
     assert results["converged"], logs
     assert results["logs_identical"], logs
     assert results["sends"]["acked"] >= ACKED_MIN, results

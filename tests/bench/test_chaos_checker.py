@@ -60,6 +60,18 @@ def test_an_acked_offset_skipped_while_consumers_read_past_it_is_lost():
     assert report.counts["inconsistent"] == 0
 
 
+def test_an_implicit_ack_is_checked_against_the_final_read():
+    """librdkafka acknowledges a message without an offset when a later batch of its
+    producer succeeded after this one's request failed: it must be in the final read."""
+    sends = [Send(value=b"a", partition=0, outcome="acked")]
+    kept = check(History(sends=sends, observations=[], final={0: [(0, b"a")]}))
+    assert kept.anomalies == 0
+    assert kept.acked == kept.acked_without_offset == 1
+    gone = check(History(sends=sends, observations=[], final={0: [(0, b"b")]}))
+    _only(gone, "lost")
+    assert gone.examples[0].offset == -1
+
+
 def test_two_values_at_one_offset_are_inconsistent():
     history = _clean()
     seen = [
