@@ -133,6 +133,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         self._checkpoint = Checkpoint()
         self._derived_flushed_at = -float("inf")  # monotonic s of the last derived flush
         self.derived_sync_failure: Exception | None = None  # freezes the dispatched claim
+        self._derived_unsynced = False  # an unclean stop's writes not synced yet (_recover)
         self._checkpoint_guard = threading.Lock()
         self._dispatcher: Dispatcher | None = None
         self._notifier: Notifier | None = None  # writers: bumps ``notify`` after rounds
@@ -372,13 +373,11 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         if redispatched:
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
         self._apply_topic_retention()  # log starts moved by topic retention are not on disk
-        if self.recovered_from_crash and self.derived_sync_failure is None:
-            try:  # what the dead process wrote and never synced, before a claim on it
-                self.consume_queues.sync_everything()
-            except (StoreError, OSError) as error:
-                self.derived_sync_failure = error  # the claim stays (_write_checkpoint)
-                log.critical("ConsumeQueue sync failed at open; checkpoint frozen: %s", error)
-        self._write_checkpoint(derived=True)
+        # After an unclean stop the dead process's writes (units, a queue directory it
+        # created) may be unsynced and are on no list of ours: the claim stays where the
+        # last checkpoint put it until the first checkpoint after open syncs them all.
+        self._derived_unsynced = self.recovered_from_crash
+        self._write_checkpoint(derived=True, opening=True)
 
     def _unit_is_intact(
         self, topic: str, queue_id: int, physical: int, size: int, queue_offset: int
@@ -609,7 +608,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
     ) -> None:
         self.close()
 
-    def _write_checkpoint(self, derived: bool = False) -> None:
+    def _write_checkpoint(self, derived: bool = False, opening: bool = False) -> None:
         """Save the flushed position; every ``consumequeue_flush_interval_ms`` (or when
         ``derived``) flush ConsumeQueues and index first and save the dispatched
         position too.
@@ -619,6 +618,13 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         last flushed claim: syncing thousands of queue files every second would cost
         more than re-dispatching a few seconds of log after a power loss (RocketMQ
         likewise flushes a ConsumeQueue only with 2 dirty pages or once a minute).
+
+        After an unclean stop (``_derived_unsynced``) the first call but the one at
+        open (``opening``) syncs the whole ConsumeQueue tree first
+        (``ConsumeQueueStore.sync_everything``: the dead process's writes); until then
+        the claim does not move. The chaos suite lost a graduated queue's directory
+        to a power cut after a claim that vouched for it unsynced. Syncing at open
+        instead cost a crash reopen 0.8 s of fdatasync with 1 GiB of 100 B messages.
         """
         dispatcher = self._dispatcher
         if dispatcher is None or self._checkpoint_file is None:
@@ -629,10 +635,14 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             interval_s = self.config.consumequeue_flush_interval_ms / 1000
             dispatched = self._checkpoint.dispatched_position
             dispatched_ts_ms = self._checkpoint.dispatched_ts_ms
-            due = derived or now - self._derived_flushed_at >= interval_s
+            unsynced = self._derived_unsynced
+            due = derived or unsynced or now - self._derived_flushed_at >= interval_s
             if due and self.derived_sync_failure is None:
                 position, position_ts_ms = dispatcher.position, dispatcher.dispatched_ts_ms
                 try:
+                    if unsynced and not opening:
+                        self.consume_queues.sync_everything()
+                        self._derived_unsynced = unsynced = False
                     self.consume_queues.flush()
                     self.index.flush()
                 except (StoreError, OSError) as error:
@@ -641,8 +651,11 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
                     self.derived_sync_failure = error
                     log.critical("ConsumeQueue/index sync failed; checkpoint frozen: %s", error)
                 else:
-                    dispatched, dispatched_ts_ms = position, position_ts_ms
-                    self._derived_flushed_at = now
+                    if unsynced:  # at open: never past the old claim, nor past the log
+                        dispatched = min(dispatched, position)
+                    else:
+                        dispatched, dispatched_ts_ms = position, position_ts_ms
+                        self._derived_flushed_at = now
             self._checkpoint = self._checkpoint_file.store(
                 Checkpoint(
                     flushed_position=flushed,

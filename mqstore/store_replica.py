@@ -75,7 +75,7 @@ class ReplicaStore:
 
     def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
 
-    def _write_checkpoint(self, derived: bool = False) -> None: ...  # MessageStore's
+    def _write_checkpoint(self, derived: bool = False, opening: bool = False) -> None: ...
 
     def _after_retention(self, min_position: int) -> None: ...  # MessageStore's
 

@@ -143,7 +143,8 @@ from mqstore import MessageStore, StoreConfig
 path, phase = sys.argv[1], sys.argv[2]
 config = StoreConfig(
     flush_mode="sync", prewarm=False, commitlog_file_size_bytes=1 << 20,
-    checkpoint_interval_ms=600_000, consumequeue_flush_interval_ms=3_600_000,
+    checkpoint_interval_ms=100 if phase == "reopen" else 600_000,
+    consumequeue_flush_interval_ms=3_600_000,
 )
 with per_path_syncs():
     store = MessageStore.open(path, config)
@@ -152,9 +153,14 @@ with per_path_syncs():
         store.put("topic", 0, b"m%d" % i)
     if phase == "seed":
         store.close()  # the topic's directories are durable from here on
-    else:
-        print(store.max_offset("topic", 0), flush=True)
-        time.sleep(60)  # until killed
+        raise SystemExit(0)
+    if phase == "reopen":  # until a checkpoint claims every unit
+        deadline = time.monotonic() + 30
+        while store._checkpoint.dispatched_position < store.commitlog.write_position:
+            assert time.monotonic() < deadline, "no checkpoint claimed the units"
+            time.sleep(0.01)
+    print(store.max_offset("topic", 0), flush=True)
+    time.sleep(60)  # until killed
 """
 
 
@@ -162,10 +168,10 @@ with per_path_syncs():
 def test_a_queue_directory_made_before_a_kill_survives_a_later_power_cut(tmp_path):
     """The chaos suite's stalled dispatcher, replayed: a queue graduates to its own
     directory (at 256 units), the writer is SIGKILLed before any checkpoint synced
-    that directory's entry in its parent, the next writer's recovery writes a
-    checkpoint that vouches for the units in it, and the power then goes. The store
-    must still hold every unit: recovery after an unclean stop syncs what the dead
-    process left unsynced (``ConsumeQueueStore.sync_everything``) before its claim.
+    that directory's entry in its parent, the next writer writes a checkpoint that
+    vouches for the units in it, and the power then goes. The store must still hold
+    every unit: after an unclean stop, the first checkpoint syncs what the dead
+    process left unsynced (``ConsumeQueueStore.sync_everything``) before it claims.
     Without it the cut takes the directory and the queue ends at 256 with 300 records
     in the log (the dispatcher then refused the next unit as a gap)."""
     import subprocess
@@ -194,7 +200,7 @@ def test_a_queue_directory_made_before_a_kill_survives_a_later_power_cut(tmp_pat
     try:
         phase("seed")
         assert phase("write") == "300"  # graduated; killed with nothing synced since
-        assert phase("reopen") == "300"  # recovered: its checkpoint claims them all
+        assert phase("reopen") == "300"  # recovered; a checkpoint claims them all
         mount.cut(seed=1)
         mount.mount()
         with MessageStore.open(store) as reopened:
