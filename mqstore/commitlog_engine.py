@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (per send)
 
-KEY_PROPERTY = "\x00key"  # a NUL-prefixed name no user header can collide with in practice
+RESERVED_PREFIX = "\x00"  # property names the store keeps for itself; headers may not
+KEY_PROPERTY = RESERVED_PREFIX + "key"  # the Kafka key, a property of that namespace
 READ_RECORDS_MAX = 10_000  # bounded like MessageStore.get
 
 
@@ -556,6 +557,10 @@ def _prepare(
     _check_bytes("key", key)
     _check_bytes("value", value)
     pairs = list(headers) if headers else []
+    if pairs and any(name.startswith(RESERVED_PREFIX) for name, _ in pairs):
+        # The store's own properties (KEY_PROPERTY) live there: such a header would
+        # read back as the record's key (found by hypothesis in test_fetch_batch).
+        raise InvalidRecordError("header names starting with NUL are reserved by the store")
     header_size = sum(len(name) + len(data) for name, data in pairs) if pairs else 0
     if key is not None:
         pairs.insert(0, (KEY_PROPERTY, key))

@@ -42,12 +42,14 @@ BUILDERS = [kafka_batch_py] + ([NATIVE.kafka_batch] if NATIVE is not None else [
 C_ERRORS = (ValueError, TypeError, OverflowError)
 
 small = st.binary(max_size=40)
+# NUL-prefixed names are the store's own (refused: test_commitlog_engine.py)
+header_names = st.text(min_size=1, max_size=8).filter(lambda name: not name.startswith("\x00"))
 records_st = st.lists(
     st.builds(
         ProducerRecord,
         st.none() | small,  # key
         st.none() | small,  # value (None: a tombstone)
-        st.lists(st.tuples(st.text(min_size=1, max_size=8), small), max_size=3),  # headers
+        st.lists(st.tuples(header_names, small), max_size=3),  # headers
         st.none() | st.integers(0, 2**41),  # CreateTime
     ),
     min_size=1,
