@@ -165,7 +165,8 @@ class ChaosProxy:
                 if self._mode is not None:
                     break  # cut while this chunk was in flight: it is lost
                 sink.sendall(chunk)
-                self.bytes_forwarded += len(chunk)
+                with self._lock:  # two pumps per link: += is not atomic across threads
+                    self.bytes_forwarded += len(chunk)
         except OSError:
             pass  # reset by a cut, or by either end
         self._drop(pair)

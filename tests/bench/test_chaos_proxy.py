@@ -59,7 +59,10 @@ def test_it_forwards_both_ways(proxy):
     with _connect(proxy) as sock:
         payload = bytes(range(256)) * 2000  # 512 KB: several chunks
         assert _echo(sock, payload) == payload
-    assert proxy.bytes_forwarded >= 2 * len(payload)
+    deadline = time.monotonic() + 5  # the last chunk is counted just after it is sent
+    while proxy.bytes_forwarded < 2 * len(payload) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.bytes_forwarded == 2 * len(payload)
 
 
 def test_a_refusing_cut_drops_live_connections_and_resets_new_ones(proxy):
@@ -68,8 +71,13 @@ def test_a_refusing_cut_drops_live_connections_and_resets_new_ones(proxy):
     proxy.cut("refuse")
     assert _dead(live)  # reset (or closed) under the client
     live.close()
-    with _connect(proxy) as new:  # the proxy accepts, then resets at once
-        assert _dead(new)
+    try:
+        new = _connect(proxy)  # the proxy accepts, then resets at once...
+    except OSError:
+        pass  # ...so fast, at times, that connect itself sees the reset
+    else:
+        with new:
+            assert _dead(new)
     proxy.heal()
     with _connect(proxy) as healed:
         assert _echo(healed, b"after") == b"after"

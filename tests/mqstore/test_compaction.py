@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -424,6 +425,10 @@ def test_a_read_only_store_reads_the_writers_copies(tmp_path) -> None:
     writer.run_retention()
     assert writer.consume_queues.queue("c", 0).min_offset > 0
     writer.put("c", 0, b"tail", keys=KEYS[0])
+    deadline = time.monotonic() + 10
+    while writer.max_offset("c", 0) < 31:  # async: readers see it once dispatched
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     reader = MessageStore.open(path, _config(), read_only=True)
     try:
         got = [(m.queue_offset, bytes(m.body)) for m in _read_all(reader)]
