@@ -146,7 +146,8 @@ class FileCache:
         units it wrote) are in no list of this process's, and the first checkpoint must
         not vouch for them unsynced (the chaos suite lost a graduated queue's directory
         that way: created before a SIGKILL, never fsynced in its parent, lost with
-        power later). As ``flush``: one syncfs(2) from SYNCFS_MIN_PATHS paths on.
+        power later). As ``flush`` (``_sync``): one syncfs(2) from SYNCFS_MIN_PATHS
+        paths on.
 
         Raises:
             FlushFailedError: a sync failed (as ``flush``).
@@ -156,8 +157,6 @@ class FileCache:
         for directory, _, names in os.walk(root):
             directories.append(directory)
             files.extend(os.path.join(directory, name) for name in names)
-        if len(files) + len(directories) >= SYNCFS_MIN_PATHS and _sync_filesystem_of([root]):
-            return
         directories.reverse()  # deepest first: a directory's entries before its parent's
         self._sync(files, directories)
 

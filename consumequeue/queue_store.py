@@ -444,9 +444,10 @@ class ConsumeQueueStore:
                     shared.flush()
 
     def sync_everything(self) -> None:
-        """Flush, then make every file and directory of the ConsumeQueue tree durable,
-        written by this process or not (``FileCache.sync_tree``: after an unclean stop)."""
-        self.flush()
+        """Make every file and directory of the ConsumeQueue tree durable, written by
+        this process or not (``FileCache.sync_tree``: after an unclean stop). The
+        caller flushes too (``flush``), which clears this process's own lists."""
+        self._check_open()
         if not self.read_only:
             self._ctx.cache.sync_tree(self.directory)
 

@@ -640,11 +640,11 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             if due and self.derived_sync_failure is None:
                 position, position_ts_ms = dispatcher.position, dispatcher.dispatched_ts_ms
                 try:
+                    self.consume_queues.flush()
+                    self.index.flush()
                     if unsynced and not opening:
                         self.consume_queues.sync_everything()
                         self._derived_unsynced = unsynced = False
-                    self.consume_queues.flush()
-                    self.index.flush()
                 except (StoreError, OSError) as error:
                     # Never retried and trusted (see FlushFailedError): the claim stays
                     # at the last good flush until a reopen re-dispatches past it.
