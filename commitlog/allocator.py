@@ -12,15 +12,19 @@ itself if no request was made (the first file, or with ``preallocate_next`` off)
 
 Crash policy: a half-built file carries the suffix ``.allocating`` and is removed at
 the next load; a finished, parked file is an all-zero file that recovery keeps or
-removes like any other file past the end of the log.
+removes like any other file past the end of the log. A log cut back while running (a
+follower's truncation) first discards the files parked past the cut (``discard_from``):
+left on disk, one would sit past a gap that the next load refuses.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
+from mqstore.commitlog.durable import fsync_directory
 from mqstore.commitlog.errors import StoreClosedError
 from mqstore.commitlog.mapped_file import MappedFile
 
@@ -47,6 +51,7 @@ class AllocationService:
         self.write_back = write_back
         self._condition = threading.Condition()
         self._requested: int | None = None
+        self._building: int | None = None  # the start of the file being built
         self._ready: dict[int, MappedFile] = {}
         self._failed: dict[int, BaseException] = {}
         self._closed = False
@@ -111,6 +116,7 @@ class AllocationService:
                 if self._closed:
                     return
                 start_offset = self._requested
+                self._building = start_offset
                 if not self._waiting:  # else a writer already waits for this build
                     self._hurry.clear()
             assert start_offset is not None
@@ -119,19 +125,54 @@ class AllocationService:
             except BaseException as error:  # reported to the writer at take(); never lost
                 log.warning("allocating the CommitLog file at %d failed: %s", start_offset, error)
                 with self._condition:
+                    self._building = None
                     self._failed[start_offset] = error
                     if self._requested == start_offset:
                         self._requested = None
                     self._condition.notify_all()
                 continue
             with self._condition:
+                self._building = None
                 if self._closed:
+                    self._condition.notify_all()
                     mapped.close()
                     return
                 self._ready[start_offset] = mapped
                 if self._requested == start_offset:
                     self._requested = None
                 self._condition.notify_all()
+
+    def discard_from(self, start_offset: int) -> int:
+        """Forget every file starting at or past ``start_offset`` (the log was cut back
+        below it): a pending request is dropped, a build in progress is finished
+        (unpaced), and the parked files are closed and unlinked, newest first, and the
+        directory synced. Returns the number of files removed.
+
+        Raises:
+            DiskFullError, StoreError: syncing the directory failed.
+        """
+        with self._condition:
+            if self._requested is not None and self._requested >= start_offset:
+                self._requested = None
+            self._waiting += 1
+            try:
+                while self._building is not None and self._building >= start_offset:
+                    self._hurry.set()
+                    self._condition.wait()
+            finally:
+                self._waiting -= 1
+            doomed = sorted((s for s in self._ready if s >= start_offset), reverse=True)
+            parked = [self._ready.pop(start) for start in doomed]
+            for start in [s for s in self._failed if s >= start_offset]:
+                del self._failed[start]
+        for mapped in parked:
+            path = mapped.path
+            mapped.close()
+            os.unlink(path)
+            log.info("removed the parked CommitLog file %s: the log was cut back", path)
+        if parked:
+            fsync_directory(self.directory)
+        return len(parked)
 
     def close(self) -> None:
         """Stop the thread; parked files stay on disk (all zeros) for recovery to keep."""

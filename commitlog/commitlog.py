@@ -494,10 +494,10 @@ class CommitLog:
 
     def truncate_replica(self, position: int, derived_end: int) -> int:
         """Cut a follower's log at ``position`` (a record boundary: the divergence
-        point its leader named), durably: later files are deleted, newest first, and
-        the directory synced; then the rest of the file that holds ``position`` is
-        zeroed and synced. A crash in between leaves a prefix of the old log, which
-        the next divergence check cuts again.
+        point its leader named), durably: later files (the allocation service's spare
+        included) are deleted, newest first, and the directory synced; then the rest
+        of the file that holds ``position`` is zeroed and synced. A crash in between
+        leaves a prefix of the old log, which the next divergence check cuts again.
 
         The queue-offset table is rebuilt as at open: the records from
         ``derived_end`` (below it, every record is in the ConsumeQueues, which the
@@ -524,6 +524,7 @@ class CommitLog:
                 return 0
             if self._open_group_from is not None and self._open_group_from >= position:
                 self._open_group_from = None
+            self._discard_parked(position + 1)  # the newest files first
             self._truncate_after(position)
             if self._current is not None:
                 self._syncer(self._current)
@@ -563,6 +564,7 @@ class CommitLog:
                 raise IllegalStateError(
                     f"cannot restart a log ending at {appender.write_position} at {position}"
                 )
+            self._discard_parked(0)
             self._files.remove_after(-1)
             self._open_group_from = None
             self._set_current(self._take_file(position))
@@ -575,6 +577,12 @@ class CommitLog:
                 appender.feed = []
                 self._feed_start = position
             self._arm_prepare_next()
+
+    def _discard_parked(self, start_offset: int) -> None:
+        """Remove the files the allocation service parked (or builds) at or past
+        ``start_offset`` before a cut: a spare left past the cut would follow a gap."""
+        if self._allocator is not None:
+            self._allocator.discard_from(start_offset)
 
     def _check_replica_writable(self) -> None:
         """append_replica's _check_writable: the same errors, and a leader refuses."""

@@ -7,7 +7,9 @@ Runs on the C path when built and on the pure-Python path with MQSTORE_PURE_PYTH
 from __future__ import annotations
 
 import os
+import time
 
+import attrs
 import pytest
 
 from mqstore.commitlog.commitlog import CommitLog
@@ -228,3 +230,57 @@ def test_plan_folds_queue_offsets_and_timestamps(tmp_path, small_config):
     assert plan.newest_store_ts_ms == leader.last_store_ts_ms
     assert plan.pieces == [(0, 0, leader.write_position)]
     leader.close()
+
+
+def _wait_for_spare(log: CommitLog) -> str:
+    """The path of the file after the last one, once the allocation service parked it."""
+    last = log.files()[-1]
+    path = os.path.join(os.path.dirname(last.path), f"{last.start_offset + SMALL_FILE_BYTES:020d}")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "the allocation service parked no spare"
+        time.sleep(0.01)
+    return path
+
+
+def test_a_cut_removes_the_spare_parked_past_it_and_the_log_reopens(tmp_path, small_config):
+    config = attrs.evolve(small_config, prepare_next_percent=0)  # the spare at once
+    leader = CommitLog.open(str(tmp_path / "leader"), config)
+    follower = CommitLog.open(str(tmp_path / "follower"), config)
+    follower.set_follower(True)
+    _fill(leader, 300)
+    _copy(leader, follower, 3 * SMALL_FILE_BYTES)
+    assert follower.file_count >= 4
+    spare = _wait_for_spare(follower)
+    cut = next(end for end in _boundaries(leader) if end > 1000)  # in the first file
+    follower.truncate_replica(cut, 0)
+    assert not os.path.exists(spare)  # else it follows a gap: the next load refuses
+    names = sorted(os.listdir(tmp_path / "follower"))
+    assert names[0] == f"{0:020d}"
+    assert len(names) <= 2  # the first file, and the spare after it asked for again
+    follower.close()
+    follower = CommitLog.open(str(tmp_path / "follower"), config)
+    follower.set_follower(True)
+    assert follower.write_position == cut
+    follower.append_replica(cut, _read_span(leader, cut, leader.write_position))
+    assert _files(follower)[: leader.file_count] == _files(leader)
+    leader.close()
+    follower.close()
+
+
+def test_a_restart_removes_the_spare_parked_below_it(tmp_path, small_config):
+    config = attrs.evolve(small_config, prepare_next_percent=0)
+    follower = CommitLog.open(str(tmp_path / "follower"), config)
+    follower.set_follower(True)
+    leader = CommitLog.open(str(tmp_path / "leader"), config)
+    _fill(leader, 100)
+    _copy(leader, follower, SMALL_FILE_BYTES)
+    spare = _wait_for_spare(follower)
+    restart_at = 8 * SMALL_FILE_BYTES
+    follower.restart_replica_at(restart_at)
+    assert not os.path.exists(spare)  # else it lies below the new first file, past a gap
+    follower.close()
+    follower = CommitLog.open(str(tmp_path / "follower"), config)
+    assert follower.write_position == restart_at
+    leader.close()
+    follower.close()

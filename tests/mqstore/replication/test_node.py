@@ -121,7 +121,9 @@ def test_a_promoted_follower_leads_and_the_old_leader_truncates_its_tail(tmp_pat
     acked = _send(a.bootstrap, [b"first-%d" % i for i in range(3000)])
     _wait_equal_ends(a, b)
     b.process.send_signal(signal.SIGSTOP)  # the follower misses what comes next
-    stale = _send(a.bootstrap, [b"stale-%d" % i for i in range(2000)], acks="1")
+    # 4 MiB of stale records: a fetch response already on its way (the stopped follower
+    # reads it on SIGCONT) carries at most REPLICA_FETCH_BYTES_DEFAULT (1 MiB) of them.
+    stale = _send(a.bootstrap, [b"stale-%d" % i for i in range(2000)], acks="1", pad=2048)
     a.stop(signal.SIGKILL)
     b.process.send_signal(signal.SIGCONT)
     promoted = _promote(b)
@@ -141,7 +143,7 @@ def test_a_promoted_follower_leads_and_the_old_leader_truncates_its_tail(tmp_pat
     _assert_all_there(a.store, acked)
     # The new leader copied a prefix of the stale records before the kill (a response
     # may still be in flight when SIGSTOP lands); the rest were cut from the old one.
-    kept = {value for records in _read_store(a.store).values() for _, _, value in records}
+    kept = {key for records in _read_store(a.store).values() for _, key, _ in records}
     gone = [value for value in stale if value not in kept]
     assert gone, "the old leader's divergent tail was not truncated"
     with MessageStore.open(a.store, read_only=True) as reader:
