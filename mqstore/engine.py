@@ -29,7 +29,14 @@ from mqstore.commitlog.columns import tuples
 from mqstore.offsets import CommittedOffsets
 from mqstore.topics import TopicConfig
 
-__all__ = ["AppendedRecord", "Engine", "EngineBatch", "EngineRecord", "ProducerRecord"]
+__all__ = [
+    "AppendedBatch",
+    "AppendedRecord",
+    "Engine",
+    "EngineBatch",
+    "EngineRecord",
+    "ProducerRecord",
+]
 
 TIMESTAMP_CREATE_TIME = 0  # Kafka's timestamp_type codes
 TIMESTAMP_LOG_APPEND_TIME = 1
@@ -52,6 +59,15 @@ class AppendedRecord(NamedTuple):
     serialized_key_size: int
     serialized_value_size: int
     serialized_header_size: int
+
+
+class AppendedBatch(NamedTuple):
+    """Where a batch appended as it came (the segmented engine's ``append_batch``)
+    landed."""
+
+    base_offset: int
+    record_count: int
+    max_timestamp_ms: int  # the batch's; the append time on a LogAppendTime topic
 
 
 class EngineRecord(NamedTuple):

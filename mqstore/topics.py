@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import attrs
+import numpy as np
 
 from mqstore.atomic import json_checksum, write_json_atomically
 from mqstore.commitlog.errors import (
@@ -39,6 +40,7 @@ __all__ = [
     "TOPICS_NAME",
     "TopicConfig",
     "TopicRegistry",
+    "check_key_sizes",
     "check_keyed",
     "check_topic_config",
     "parse_kafka_configs",
@@ -188,6 +190,20 @@ def check_topic_config(config: TopicConfig) -> None:
             raise InvalidTypeError(f"{name} must be an int")
         if not low <= value <= FOREVER_MS:
             raise InvalidArgumentError(f"{name} {value} is not in [{low}, {FOREVER_MS}]")
+
+
+def check_key_sizes(topic: str, key_sizes: Any) -> None:
+    """``check_keyed`` over a batch's key sizes (-1: a null key), an int array.
+
+    Raises:
+        InvalidRecordError: a key size is -1.
+    """
+    missing = np.flatnonzero(np.asarray(key_sizes) < 0)
+    if len(missing):
+        raise InvalidRecordError(
+            f"compacted topic {topic!r} cannot accept a record without a key "
+            f"(record {int(missing[0])} of the batch; nothing was appended)"
+        )
 
 
 def check_keyed(topic: str, records: Sequence[Any]) -> None:

@@ -7,10 +7,10 @@
  * record_spans(buffer, start, end, count, last_delta) -> bytes
  *   The records of a batch whose header was checked: they lie in buffer[start:end]
  *   (start = the batch start + 61, end = the batch end), ``count`` of them, the last
- *   at offset delta ``last_delta``. Returns count * 6 native int64, per record:
+ *   at offset delta ``last_delta``. Returns count * 7 native int64, per record:
  *   [offset delta, key start, key size (-1: null), value start, value size (-1:
- *   null), record start (its length varint)], positions absolute in buffer; a
- *   record ends where the next one starts, the last one at ``end``.
+ *   null), record start (its length varint), timestamp delta], positions absolute
+ *   in buffer; a record ends where the next one starts, the last one at ``end``.
  *   Every field is checked as Kafka's DefaultRecord.readFrom checks it: zig-zag
  *   varints of at most 10 bytes, sizes >= -1, every span inside its record, header
  *   keys not null, the record filling exactly its length, the records filling the
@@ -25,7 +25,7 @@
  */
 #include "../commitlog/_native.h"
 
-#define FIELDS 6
+#define FIELDS 7
 
 static PyObject *malformed(Py_ssize_t position, const char *reason) {
     /* One argument, the (position, reason) pair: ValueError((position, reason)). */
@@ -83,14 +83,14 @@ PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t
     const Py_ssize_t limit = (Py_ssize_t)end;
     for (int64_t index = 0; index < count; index++, row += FIELDS) {
         const Py_ssize_t record_start = cursor;
-        int64_t length, skipped, delta, key_size, value_size, headers;
+        int64_t length, stamp_delta, delta, key_size, value_size, headers;
         if (read_zigzag(p, limit, &cursor, &length) < 0 || length < 0 || length > limit - cursor) {
             malformed(record_start, "record length");
             goto fail;
         }
         const Py_ssize_t record_end = cursor + (Py_ssize_t)length;
         cursor += 1; /* attributes */
-        if (cursor > record_end || read_zigzag(p, record_end, &cursor, &skipped) < 0 ||
+        if (cursor > record_end || read_zigzag(p, record_end, &cursor, &stamp_delta) < 0 ||
             read_zigzag(p, record_end, &cursor, &delta) < 0) {
             malformed(record_start, "record does not decode");
             goto fail;
@@ -166,6 +166,7 @@ PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t
         row[3] = value_start;
         row[4] = value_size;
         row[5] = record_start;
+        row[6] = stamp_delta;
     }
     if (cursor != limit) {
         malformed(cursor, "bytes left over after the records");

@@ -17,12 +17,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
+import numpy as np
 from crc32c import crc32c
 
 from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
-from mqstore.engine import EngineRecord
+from mqstore.segmented.compression import InflateError
 from mqstore.segmented.record_batch import (
     ATTRIBUTES_POSITION,
+    COMPRESSION_MASK,
     COVERED,
     CRC_POSITION,
     DELETE_HORIZON_MASK,
@@ -33,15 +35,20 @@ from mqstore.segmented.record_batch import (
     check_batch,
     decode_records,
     encode_record,
+    inflated_batch,
+    record_span_rows,
 )
 
-__all__ = ["RECORDS_PER_BATCH_MAX", "BuiltBatch", "adopt", "build"]
+__all__ = ["RECORDS_PER_BATCH_MAX", "AdoptedBatch", "BuiltBatch", "adopt", "build"]
 
 _CRC: Final = struct.Struct(">I")
 
 RECORDS_PER_BATCH_MAX: Final = 1 << 20  # one batch holds the partition lock; bound how long
 TIMESTAMP_MAX_MS: Final = 2**63 - 1
 _BYTES_LIKE: Final = (bytes, bytearray, memoryview)
+# Columns of record_span_rows (SPAN_FIELDS): key size, value start and size, record
+# start, timestamp delta.
+_KEY_SIZE, _VALUE_START, _VALUE_SIZE, _RECORD_START, _STAMP = 2, 3, 4, 5, 6
 
 
 class BuiltBatch(NamedTuple):
@@ -128,20 +135,34 @@ def build(
     return BuiltBatch(batch, count, max_timestamp_ms, sizes)
 
 
+class AdoptedBatch(NamedTuple):
+    """A producer's batch checked and ready to append as it is (base offset still to
+    fill in): no Python object per record."""
+
+    batch: bytearray
+    record_count: int
+    max_timestamp_ms: int  # the append time on a LogAppendTime topic
+    key_sizes: Any  # int64 array, -1: a null key (what a compacted topic refuses)
+
+
 def adopt(
     data: bytes | bytearray, now_ms: int, log_append_time: bool, size_max_bytes: int
-) -> tuple[BuiltBatch, list[EngineRecord]]:
+) -> AdoptedBatch:
     """A producer's whole batch, validated to be stored as it is: Kafka's LogValidator
     in place, so the producer's bytes and CRC reach the consumer. On a LogAppendTime
     topic bit 3 and the max timestamp are set and the CRC recomputed, as Kafka does.
-    Returns the batch (base offset still to fill in) and its decoded records.
+
+    The records are walked and checked in one C call (``record_span_rows``, Kafka's
+    DefaultRecord.readFrom checks); a batch with record headers is decoded in full
+    as well, so that a header key that is not UTF-8 is refused here rather than
+    found by a reader.
 
     Raises:
         LimitExceededError: larger than ``size_max_bytes``.
         InvalidArgumentError: not exactly one valid batch v2 (size, magic, CRC-32C,
             a known codec, records that inflate within the bound), a count that
             does not match its offset deltas, records that do not decode or fill
-            it, a negative timestamp, a delete horizon.
+            it, a timestamp out of [0, 2**63 - 1], a delete horizon.
     """
     if len(data) > size_max_bytes:
         raise LimitExceededError(f"a {len(data)}-byte batch exceeds {size_max_bytes} bytes")
@@ -155,17 +176,27 @@ def adopt(
             raise MalformedBatchError(0, f"{count} records for offset delta {count - 1}")
         if header.attributes & DELETE_HORIZON_MASK:
             raise MalformedBatchError(0, "a producer's batch sets no delete horizon")
-        records = decode_records(raw, 0, header, header.base_offset, count)
+        codec = header.attributes & COMPRESSION_MASK
+        body = inflated_batch(raw, 0, codec) if codec else raw
+        rows = record_span_rows(body, HEADER_SIZE, len(body), count, header.last_offset_delta)
+        if _any_headers(rows, len(body)):
+            decode_records(raw, 0, header, header.base_offset, count)
     except MalformedBatchError as error:
         raise InvalidArgumentError(f"not a valid record batch: {error.reason}") from None
-    if len(records) != count:
-        raise InvalidArgumentError(f"{len(records)} records decoded of {count}")
-    stamps = [r.timestamp_ms for r in records]
-    if min(stamps) < 0:
-        raise InvalidArgumentError(f"a record timestamp {min(stamps)} is negative")
+    except InflateError as error:
+        raise InvalidArgumentError(f"not a valid record batch: compressed: {error}") from None
+    if header.attributes & TIMESTAMP_TYPE_MASK:  # what readers report for its records
+        lowest = highest = header.max_timestamp
+    else:
+        lowest = header.base_timestamp + int(rows[:, _STAMP].min())
+        highest = header.base_timestamp + int(rows[:, _STAMP].max())
+    if lowest < 0:
+        raise InvalidArgumentError(f"a record timestamp {lowest} is negative")
+    if highest > TIMESTAMP_MAX_MS:
+        raise InvalidArgumentError(f"a record timestamp {highest} is past 2**63 - 1")
     # Kafka's assignOffsetsNonCompressed: a max timestamp that is not the records'
     # largest (CreateTime) or the append time (LogAppendTime) is set, CRC and all.
-    max_timestamp_ms = now_ms if log_append_time else max(stamps)
+    max_timestamp_ms = now_ms if log_append_time else highest
     batch = bytearray(raw)
     if log_append_time or max_timestamp_ms != header.max_timestamp:
         attributes = header.attributes | (TIMESTAMP_TYPE_MASK if log_append_time else 0)
@@ -175,12 +206,17 @@ def adopt(
             header.producer_epoch, header.base_sequence, count,
         )  # fmt: skip
         _CRC.pack_into(batch, CRC_POSITION, crc32c(memoryview(batch)[ATTRIBUTES_POSITION:]))
-    sizes = [
-        (now_ms if log_append_time else r.timestamp_ms, r.serialized_key_size,
-         r.serialized_value_size, r.serialized_header_size)
-        for r in records
-    ]  # fmt: skip
-    return BuiltBatch(batch, count, max_timestamp_ms, sizes), records
+    return AdoptedBatch(batch, count, max_timestamp_ms, rows[:, _KEY_SIZE])
+
+
+def _any_headers(rows: Any, end: int) -> bool:
+    """Whether a record of ``rows`` (record_span_rows') has a header: a record without
+    one ends one byte (its header count, 0) after its value."""
+    ends = np.empty(len(rows), dtype=np.int64)
+    ends[:-1] = rows[1:, _RECORD_START]
+    ends[-1] = end
+    value_ends = rows[:, _VALUE_START] + np.maximum(rows[:, _VALUE_SIZE], 0)
+    return bool((ends - value_ends != 1).any())
 
 
 def _timestamp(value: object) -> int:

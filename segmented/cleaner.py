@@ -431,7 +431,7 @@ def _filter_batch(
     retain_deletes = not has_horizon or now_ms < header.base_timestamp
     latest = offset_map.latest_offset
     base = header.base_offset
-    deltas, key_starts, key_sizes, _, value_sizes, starts = spans
+    deltas, key_starts, key_sizes, _, value_sizes, starts, _ = spans
     kept: list[int] = []
     for i, delta in enumerate(deltas):
         offset = base + delta

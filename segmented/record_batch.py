@@ -75,6 +75,7 @@ __all__ = [
     "Decoded",
     "decode_batches",
     "decode_records",
+    "record_span_rows",
     "encode_record",
     "read_varint",
     "rebuild_batch",
@@ -593,8 +594,8 @@ def inflated_batch(buffer: bytes, position: int, codec: int) -> bytes:
 # ---------------------------------------------------------------------- spans
 
 #: Fields per record of ``record_spans``: offset delta, key start, key size (-1:
-#: null), value start, value size (-1: null), record start.
-SPAN_FIELDS: Final = 6
+#: null), value start, value size (-1: null), record start, timestamp delta.
+SPAN_FIELDS: Final = 7
 _MASK64: Final = (1 << 64) - 1
 _record_spans_c: Any = None if NATIVE is None else NATIVE.record_spans
 
@@ -658,7 +659,7 @@ def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: i
         try:
             if cursor > record_end:
                 raise ValueError
-            zigzag(record_end)  # timestamp delta
+            stamp_delta = zigzag(record_end)
             delta = zigzag(record_end)
         except ValueError:
             raise ValueError((record_start, "record does not decode")) from None
@@ -676,16 +677,15 @@ def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: i
                 cursor += max(size, 0)
         if cursor != record_end:
             raise ValueError((cursor, "record does not fill its length"))
-        fields.append(record_start)
+        fields += (record_start, stamp_delta)
         rows.extend(fields)
     if cursor != end:
         raise ValueError((cursor, "bytes left over after the records"))
     return rows.tobytes()
 
 
-def record_spans(buffer: Any, start: int, end: int, count: int, last_delta: int) -> list[list[int]]:
-    """``record_spans`` (C when built) as SPAN_FIELDS lists: offset deltas, key
-    starts, key sizes, value starts, value sizes, record starts.
+def record_span_rows(buffer: Any, start: int, end: int, count: int, last_delta: int) -> Any:
+    """``record_spans`` (C when built) as a (count, SPAN_FIELDS) int64 array.
 
     Raises:
         MalformedBatchError: a record does not decode (its position in ``buffer``).
@@ -698,8 +698,17 @@ def record_spans(buffer: Any, start: int, end: int, count: int, last_delta: int)
             position, reason = error.args[0]
             raise MalformedBatchError(position, reason) from None
         raise
-    rows = np.frombuffer(packed, dtype=np.int64).reshape(-1, SPAN_FIELDS)
-    columns: list[list[int]] = rows.T.tolist()
+    return np.frombuffer(packed, dtype=np.int64).reshape(-1, SPAN_FIELDS)
+
+
+def record_spans(buffer: Any, start: int, end: int, count: int, last_delta: int) -> list[list[int]]:
+    """``record_spans`` (C when built) as SPAN_FIELDS lists: offset deltas, key
+    starts, key sizes, value starts, value sizes, record starts, timestamp deltas.
+
+    Raises:
+        MalformedBatchError: a record does not decode (its position in ``buffer``).
+    """
+    columns: list[list[int]] = record_span_rows(buffer, start, end, count, last_delta).T.tolist()
     return columns
 
 

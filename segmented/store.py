@@ -64,7 +64,7 @@ from mqstore.commitlog.errors import (
 from mqstore.commitlog.flush import GroupCommitService
 from mqstore.commitlog.lock import StoreLock
 from mqstore.commitlog.record import validate_topic
-from mqstore.engine import AppendedRecord, EngineBatch, EngineRecord, ProducerRecord
+from mqstore.engine import AppendedBatch, AppendedRecord, EngineBatch, EngineRecord, ProducerRecord
 from mqstore.offsets import OffsetStore
 from mqstore.segmented import batch_builder
 from mqstore.segmented.batch_builder import BuiltBatch
@@ -88,6 +88,7 @@ from mqstore.services import Scheduler
 from mqstore.topics import (
     TopicConfig,
     TopicRegistry,
+    check_key_sizes,
     check_keyed,
     check_topic_config,
     parse_kafka_configs,
@@ -538,7 +539,7 @@ class SegmentedStore:
         )
         return self._append_built(topic, partition, partition_log, built)
 
-    def append_batch(self, topic: str, partition: int, batch: bytes) -> list[AppendedRecord]:
+    def append_batch(self, topic: str, partition: int, batch: bytes) -> AppendedBatch:
         """Append a producer's record batch v2 as it is, base offset assigned (Kafka's
         in-place LogValidator path: the producer's CRC reaches the consumer). On a
         LogAppendTime topic the batch takes the append time, as in Kafka.
@@ -554,23 +555,43 @@ class SegmentedStore:
         if config is None:
             config = self.topic_for_write(topic)
         partition_log = self._log(topic, partition)
-        built, records = batch_builder.adopt(
+        adopted = batch_builder.adopt(
             batch, self._clock_ms(), partition_log.log_append_time, self._batch_size_max_bytes
         )
         if config.compacted:
-            check_keyed(topic, records)
-        return self._append_built(topic, partition, partition_log, built)
+            check_key_sizes(topic, adopted.key_sizes)
+        base_offset = self._append_bytes(
+            topic, partition, partition_log, adopted.batch, adopted.record_count,
+            adopted.max_timestamp_ms,
+        )  # fmt: skip
+        return AppendedBatch(base_offset, adopted.record_count, adopted.max_timestamp_ms)
 
     def _append_built(
         self, topic: str, partition: int, partition_log: PartitionLog, built: BuiltBatch
     ) -> list[AppendedRecord]:
-        base_offset = partition_log.append(built.batch, built.record_count, built.max_timestamp_ms)
+        base_offset = self._append_bytes(
+            topic, partition, partition_log, built.batch, built.record_count,
+            built.max_timestamp_ms,
+        )  # fmt: skip
+        return [AppendedRecord(base_offset + i, *sizes) for i, sizes in enumerate(built.sizes)]
+
+    def _append_bytes(
+        self,
+        topic: str,
+        partition: int,
+        partition_log: PartitionLog,
+        batch: bytearray,
+        record_count: int,
+        max_timestamp_ms: int,
+    ) -> int:
+        """Append one checked batch; its base offset (after the sync wait, if any)."""
+        base_offset = partition_log.append(batch, record_count, max_timestamp_ms)
         if self._waiters:
             with self._data:
                 self._data.notify_all()
         if self._sync:
-            self._group_commits[(topic, partition)].wait_durable(base_offset + built.record_count)
-        return [AppendedRecord(base_offset + i, *sizes) for i, sizes in enumerate(built.sizes)]
+            self._group_commits[(topic, partition)].wait_durable(base_offset + record_count)
+        return base_offset
 
     def append_log_batch(
         self,

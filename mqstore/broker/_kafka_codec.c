@@ -356,7 +356,7 @@ static int64_t read_varint(const uint8_t *p, Py_ssize_t limit, Py_ssize_t *pos) 
 }
 
 #define VALUE_FIELDS 4 /* timestamp delta, key size, value size, header count */
-#define SPAN_FIELDS 6  /* record_spans' row (segmented/_records.c) */
+#define SPAN_FIELDS 7  /* record_spans' row (segmented/_records.c) */
 
 /* kafka_values(buffer, start, end, count, last_delta) -> (rows, values, value_offsets)
  *   The records of a produced batch (its header checked: record_spans' arguments),

@@ -61,7 +61,7 @@ def kafka_values_py(
     values: list[bytes] = []
     offsets = [0]
     for index, span in enumerate(spans.reshape(-1, SPAN_FIELDS).tolist()):
-        _, _, key_size, value_at, value_size, record_at = span
+        _, _, key_size, value_at, value_size, record_at, _ = span
         _, cursor = _varint(data, record_at, len(data))  # the record's length
         stamp_delta, _ = _varint(data, cursor + 1, len(data))  # after the attributes
         value = data[value_at : value_at + max(value_size, 0)]

@@ -72,8 +72,8 @@ class SegmentLog(RecordLog):
         except InvalidArgumentError as error:  # what check_produced let through
             raise InvalidBatchError(str(error), CORRUPT_MESSAGE) from None
         config = self.engine.describe_topic(topic)
-        stamp = appended[0].timestamp_ms if config.timestamp_type == "LogAppendTime" else -1
-        return Appended(appended[0].offset, stamp, self.log_start_offset(topic, partition))
+        stamp = appended.max_timestamp_ms if config.timestamp_type == "LogAppendTime" else -1
+        return Appended(appended.base_offset, stamp, self.log_start_offset(topic, partition))
 
     def fetch_slices(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
         """Pinned file ranges of whole batches from ``offset`` (at least one, then up

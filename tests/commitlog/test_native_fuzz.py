@@ -909,9 +909,9 @@ def test_fuzz_record_spans(data: st.DataObject) -> None:
         if c_out[0] == "ok":
             assert c_out[1] == py_out[1]
     if c_out[0] == "ok":
-        rows = np.frombuffer(c_out[1], dtype=np.int64).reshape(-1, 6).tolist()
+        rows = np.frombuffer(c_out[1], dtype=np.int64).reshape(-1, 7).tolist()
         assert len(rows) == count
-        for _, key_start, key_size, value_start, value_size, record_start in rows:
+        for _, key_start, key_size, value_start, value_size, record_start, _ in rows:
             assert start <= record_start < end
             assert start <= key_start and key_start + max(key_size, 0) <= end
             assert start <= value_start and value_start + max(value_size, 0) <= end

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mqstore.commitlog.errors import InvalidArgumentError, InvalidTypeError, LimitExceededError
 from mqstore.engine import ProducerRecord
-from mqstore.segmented.batch_builder import RECORDS_PER_BATCH_MAX, build
-from mqstore.segmented.record_batch import check_batch, decode_records
+from mqstore.segmented.batch_builder import RECORDS_PER_BATCH_MAX, adopt, build
+from mqstore.segmented.record_batch import (
+    ATTRIBUTES_POSITION,
+    CRC_POSITION,
+    HEADER_SIZE,
+    check_batch,
+    decode_records,
+)
+
+from .strategies import producer_records
 
 
 def _decode(built):
@@ -83,3 +96,49 @@ def test_record_count_is_bounded():
     records = [ProducerRecord(None, None, [], 1)] * (RECORDS_PER_BATCH_MAX + 1)
     with pytest.raises(LimitExceededError):
         build(records, 0, False, 1 << 40)
+
+
+def _recrc(data: bytearray) -> bytes:
+    """``data`` with its CRC-32C set again (a damaged record the CRC does not catch:
+    what a buggy producer sends)."""
+    struct.pack_into(">I", data, CRC_POSITION, crc32c(bytes(data[ATTRIBUTES_POSITION:])))
+    return bytes(data)
+
+
+@settings(max_examples=300)
+@given(
+    records=st.lists(producer_records, min_size=1, max_size=5),
+    position=st.integers(min_value=0, max_value=10_000),
+    value=st.integers(0, 255),
+)
+def test_adopt_takes_only_what_the_full_decode_reads_back(records, position, value):
+    """A byte of the records rewritten, CRC and all: a batch adopt accepts (records
+    walked in C, decoded in full only with headers) is one the readers' full decode
+    reads back whole, with the max timestamp adopt set."""
+    data = bytearray(build(records, 7, False, 1 << 30).batch)
+    data[HEADER_SIZE + position % (len(data) - HEADER_SIZE)] = value
+    raw = _recrc(data)
+    try:
+        adopted = adopt(raw, 9, False, 1 << 30)
+    except InvalidArgumentError:
+        return
+    header = check_batch(bytes(adopted.batch), 0)
+    decoded = decode_records(bytes(adopted.batch), 0, header, 0, len(records))
+    assert len(decoded) == len(records)
+    assert header.max_timestamp == adopted.max_timestamp_ms == max(r.timestamp_ms for r in decoded)
+    assert [len(r.key) if r.key is not None else -1 for r in decoded] == list(adopted.key_sizes)
+
+
+def test_adopt_refuses_a_header_key_that_is_not_utf8():
+    data = bytearray(build([ProducerRecord(b"k", b"v", [("h", b"x")], 5)], 7, False, 99).batch)
+    at = bytes(data).rindex(b"hx") if b"hx" in data else bytes(data).rindex(b"h")
+    data[at] = 0xFF  # the header key "h" becomes a lone 0xff byte
+    with pytest.raises(InvalidArgumentError, match="not a valid record batch"):
+        adopt(_recrc(data), 9, False, 1 << 30)
+
+
+def test_adopt_refuses_a_negative_record_timestamp():
+    data = bytearray(build([ProducerRecord(None, b"v", [], 0)], 7, False, 99).batch)
+    struct.pack_into(">q", data, 27, -5)  # the base timestamp: record 0 at -5
+    with pytest.raises(InvalidArgumentError, match="negative"):
+        adopt(_recrc(data), 9, False, 1 << 30)

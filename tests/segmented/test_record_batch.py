@@ -268,11 +268,12 @@ def test_record_spans_point_at_each_records_key_and_value_in_c_and_python(record
     header = check_batch(data, 0)
     outcomes = _spans_both(data, header)
     assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
-    deltas, key_starts, key_sizes, value_starts, value_sizes, starts = record_spans(
+    deltas, key_starts, key_sizes, value_starts, value_sizes, starts, stamps = record_spans(
         data, HEADER_SIZE, header.size, header.records_count, header.last_offset_delta
     )
     decoded = decode_records(data, 0, header, 0, len(records))
     assert deltas == list(range(len(records)))
+    assert [header.base_timestamp + d for d in stamps] == [r.timestamp_ms for r in decoded]
     for i, record in enumerate(decoded):
         key = None if key_sizes[i] < 0 else data[key_starts[i] : key_starts[i] + key_sizes[i]]
         value = (
@@ -305,8 +306,8 @@ def test_record_spans_agree_on_damaged_records_and_never_read_outside(
     if outcomes[0][0] == "ok":
         import numpy as np
 
-        rows = np.frombuffer(outcomes[0][1], dtype=np.int64).reshape(-1, 6)
-        for _, key_start, key_size, value_start, value_size, start in rows.tolist():
+        rows = np.frombuffer(outcomes[0][1], dtype=np.int64).reshape(-1, 7)
+        for _, key_start, key_size, value_start, value_size, start, _ in rows.tolist():
             assert HEADER_SIZE <= start < len(data)
             assert key_start + max(key_size, 0) <= len(data)
             assert value_start + max(value_size, 0) <= len(data)
