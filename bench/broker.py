@@ -15,13 +15,14 @@ round, the order rotated each round; medians):
   records through ``mqstore.KafkaProducer(store)`` (linger_ms 5) and
   ``mqstore.KafkaConsumer(store=...)`` in this process: what the network front costs.
 
-``--baseline-tree PATH`` adds the wire cases of the CommitLog engine with the broker
-process importing another checkout of mqstore (PYTHONPATH=PATH, e.g. a copy of main
-with its C module built), as ``commitlog.baseline``, in the same rounds: a change
-and what it replaces measured in one run.
+``--baseline-tree PATH`` adds the wire cases of one engine (``--baseline-engine``,
+the CommitLog one unless told) with the broker process importing another checkout of
+mqstore (PYTHONPATH=PATH, e.g. a copy of main with its C module built), as
+``ENGINE.baseline``, in the same rounds: a change and what it replaces measured in
+one run.
 
 Run: ``python -m bench.broker [--rounds 3] [--messages 200000] [--engines commitlog]
-[--baseline-tree PATH]``.
+[--baseline-tree PATH [--baseline-engine segmented]]``.
 Writes bench/results/broker.json (``targets`` rows for bench/REPORT.md).
 """
 
@@ -58,7 +59,7 @@ SMALL_STORE: Final = {"commitlog": ["commitlog_file_size_bytes=268435456"], "seg
 #: then idles a second at a time (bench/broker_fetch.py measured every engine at
 #: ~135,000 msg/s that way). 1 ms keeps the fetcher going.
 FETCH_QUEUE_BACKOFF_MS: Final = 1
-BASELINE: Final = "commitlog.baseline"
+BASELINE_SUFFIX: Final = ".baseline"
 
 
 def start_broker(
@@ -235,9 +236,13 @@ def main() -> None:
     parser.add_argument("--engines", default="commitlog")
     parser.add_argument("--output", default=RESULTS)
     parser.add_argument("--baseline-tree", metavar="PATH", help="see the module docstring")
+    parser.add_argument(
+        "--baseline-engine", default="commitlog", choices=["commitlog", "segmented"]
+    )
     args = parser.parse_args()
     engines = args.engines.split(",")
-    variants = engines + ([BASELINE] if args.baseline_tree else [])
+    baseline = args.baseline_engine + BASELINE_SUFFIX
+    variants = engines + ([baseline] if args.baseline_tree else [])
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     loads = [load_sample()]
     for round_ in range(args.rounds):
@@ -248,10 +253,12 @@ def main() -> None:
                 partial(wire_sync_case, engine, args.messages),
                 partial(embedded_case, engine, args.messages, sync=True),
             ]
-            if engine == BASELINE:  # the other checkout serves; nothing embedded
+            if engine == baseline:  # the other checkout serves; nothing embedded
                 steps = [
-                    partial(wire_case, "commitlog", args.messages, args.baseline_tree),
-                    partial(wire_sync_case, "commitlog", args.messages, args.baseline_tree),
+                    partial(wire_case, args.baseline_engine, args.messages, args.baseline_tree),
+                    partial(
+                        wire_sync_case, args.baseline_engine, args.messages, args.baseline_tree
+                    ),
                 ]
             shift = round_ % len(steps)
             figures: dict[str, float] = {}
@@ -278,6 +285,7 @@ def main() -> None:
             "rounds": args.rounds,
             "command": "python -m bench.broker " + " ".join(sys.argv[1:]),
             "baseline_tree": args.baseline_tree,
+            "baseline_engine": args.baseline_engine if args.baseline_tree else None,
             "cases": cases,
             "targets": rows,
         },
