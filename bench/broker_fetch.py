@@ -1,7 +1,8 @@
 """Fetch over the wire, engine against engine: the segmented engine's sendfile Fetch
 (its ``.log`` files are the wire format) against the CommitLog engine's (records read
-as columns and built into batches in Python), and the segmented engine's copying
-path (decode and rebuild, what TLS connections take) as a third row (issue 16).
+as columns and built into batches in C), and the segmented engine's copying path
+(the same batches read with pread, what TLS connections take) as a third row
+(issue 16).
 
 Setup, once per engine: a librdkafka producer (acks=1, linger 5 ms, no compression)
 writes ``--messages`` 100-byte values into one partition through ``mqstore serve``;
@@ -14,17 +15,17 @@ fresh broker process over its store (started and stopped outside the timing):
   ``consume`` until the last message arrives;
 - ``segmented.sendfile``: the same, from the segmented store, zero copy;
 - ``segmented.copy``: the same store, ``zero_copy_fetch`` off;
-- ``commitlog.baseline`` (with ``--baseline-tree PATH``): the ``commitlog`` case with
-  the broker process importing another checkout of mqstore (PYTHONPATH=PATH, e.g. a
-  copy of main with its C module built), so that a change and what it replaces are
-  measured in one run, interleaved.
+- ``CASE.baseline`` (with ``--baseline-tree PATH``): the ``--baseline-case`` case
+  (``commitlog`` unless told) with the broker process importing another checkout of
+  mqstore (PYTHONPATH=PATH, e.g. a copy of main with its C module built), so that a
+  change and what it replaces are measured in one run, interleaved.
 
 Medians over the rounds; ratios of the medians. ``--profile`` also runs the CommitLog
 engine's Fetch work (``Handlers.fetch_pass`` + ``encode_response``, what a read thread
 and the loop do per Fetch) under cProfile on one thread, and prints where it goes.
 
 Run: ``python -m bench.broker_fetch [--rounds 3] [--messages 1000000] [--profile]
-[--baseline-tree PATH]``.
+[--baseline-tree PATH [--baseline-case segmented.copy]]``.
 Writes bench/results/broker_fetch.json (``targets`` rows for bench/REPORT.md).
 """
 
@@ -166,8 +167,8 @@ def setup(directory: str, messages: int) -> dict[str, str]:
 def run_case(case: str, paths: dict[str, str], messages: int, tree: str | None = None) -> float:
     engine = case.split(".")[0]
     process, bootstrap = start_broker(
-        engine, paths[engine], zero_copy=case != "segmented.copy",
-        tree=tree if case == "commitlog.baseline" else None,
+        engine, paths[engine], zero_copy=not case.startswith("segmented.copy"),
+        tree=tree if case.endswith(".baseline") else None,
     )  # fmt: skip
     try:
         return consume(bootstrap, messages)
@@ -256,6 +257,10 @@ def main() -> None:
         "--baseline-tree", metavar="PATH",
         help="also serve the CommitLog store from the mqstore checkout at PATH (a case)",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline-case", default="commitlog", choices=CASES,
+        help="the case the --baseline-tree checkout serves (as CASE.baseline)",
+    )  # fmt: skip
     parser.add_argument("--serve", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -267,7 +272,8 @@ def main() -> None:
         paths = setup(directory, args.messages)
         runs: list[dict[str, float]] = []
         loads = [load_sample()]
-        cases_run = CASES + (("commitlog.baseline",) if args.baseline_tree else ())
+        baseline = (args.baseline_case + ".baseline",) if args.baseline_tree else ()
+        cases_run = CASES + baseline
         for round_ in range(args.rounds):
             shift = round_ % len(cases_run)
             figures = {}
@@ -301,6 +307,7 @@ def main() -> None:
             "rounds": args.rounds,
             "command": "python -m bench.broker_fetch " + " ".join(sys.argv[1:]),
             "baseline_tree": args.baseline_tree,
+            "baseline_case": args.baseline_case if args.baseline_tree else None,
             "cases": cases,
             "runs": runs,
             "targets": rows,

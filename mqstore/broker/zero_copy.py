@@ -16,11 +16,13 @@ memory but file ranges (mqstore.segmented.file_records) that the server sends wi
 ``ZeroCopyResponse`` is that frame as parts (bytes, then ``FileSlice``s, in order)
 plus the ``FileSlices`` whose pins it holds: whoever holds one must ``release`` it,
 sent or not. TLS connections cannot sendfile (the bytes are encrypted in user space)
-and take the copying path (mqstore.broker.log), as does the CommitLog engine.
+and take the copying path: the same file ranges read with pread (``SegmentLog.fetch``);
+the CommitLog engine builds its batches (mqstore.broker.log).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Sequence
 from typing import Any, Final
@@ -28,7 +30,7 @@ from typing import Any, Final
 from mqstore.broker.batch import CORRUPT_MESSAGE, InvalidBatchError, ProducedBatch
 from mqstore.broker.log import Appended, RecordLog
 from mqstore.commitlog.batch import Trailer
-from mqstore.commitlog.errors import InvalidArgumentError, InvalidRecordError
+from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError, InvalidRecordError
 from mqstore.segmented.file_records import FileSlice, FileSlices
 
 __all__ = ["ZERO_COPY_VERSIONS", "SegmentLog", "ZeroCopyResponse", "encode_fetch"]
@@ -75,6 +77,19 @@ class SegmentLog(RecordLog):
         stamp = appended.max_timestamp_ms if config.timestamp_type == "LogAppendTime" else -1
         return Appended(appended.base_offset, stamp, self.log_start_offset(topic, partition))
 
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> list[bytes]:
+        """The copying Fetch (TLS, or ``zero_copy_fetch`` off): the stored batches of
+        ``fetch_slices`` read with pread, as they are on disk, not decoded and built
+        again: the bytes sendfile would have sent.
+
+        Raises:
+            OffsetOutOfRangeError, UnknownTopicError, CorruptDataError: as
+                ``fetch_slices``; CorruptDataError also for a file cut short under
+                its pin.
+        """
+        with self.engine.read_slices(topic, partition, offset, max_bytes) as slices:  # type: ignore[attr-defined]
+            return [_read_slice(piece) for piece in slices.slices]
+
     def fetch_slices(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
         """Pinned file ranges of whole batches from ``offset`` (at least one, then up
         to ``max_bytes``); the caller releases them. Read ahead into the page cache
@@ -90,6 +105,21 @@ class SegmentLog(RecordLog):
         )
         slices.advise_willneed()
         return slices
+
+
+def _read_slice(piece: FileSlice) -> bytes:
+    """The bytes of one pinned file range (pread until whole)."""
+    parts: list[bytes] = []
+    done = 0
+    while done < piece.size_bytes:
+        got = os.pread(piece.fileno(), piece.size_bytes - done, piece.position + done)
+        if not got:
+            raise CorruptDataError(
+                piece.segment.log_path, piece.position + done, "the file ends inside a batch"
+            )
+        parts.append(got)
+        done += len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class ZeroCopyResponse:

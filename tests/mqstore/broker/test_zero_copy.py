@@ -306,3 +306,43 @@ def test_tls_and_the_commitlog_engine_copy(
         time.sleep(0.1)  # a sendfile would be counted by now
         assert sendfile_bytes(copying) == 0
     commitlog.close()
+
+
+def test_the_copying_path_sends_the_stored_batches_as_they_are(store: SegmentedStore) -> None:
+    """``zero_copy_fetch`` off (what TLS takes): the same file ranges, read with pread,
+    not decoded and rebuilt; a fetch inside a batch gets the whole batch, as Kafka's."""
+    store.create_topic("c", 1)
+    with Broker(store, BrokerConfig(port=0, zero_copy_fetch=False)) as copying:
+        assert not copying.zero_copy
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": copying.bootstrap, "compression.type": "lz4",
+             "linger.ms": 20, "enable.idempotence": True}
+        )  # fmt: skip
+        values = [b"value-%d" % i for i in range(400)]
+        for i, value in enumerate(values):
+            producer.produce("c", value=value)
+            if i % 100 == 99:
+                assert producer.flush(TIMEOUT_S) == 0  # one batch or more each time
+        stored = log_bytes(store, "c")
+        assert len(batches(stored)) > 1
+        assert raw_fetch(copying.port, "c", 0).records == stored
+        first = batches(stored)[0]
+        inside = raw_fetch(copying.port, "c", first.last_offset_delta).records
+        assert inside == stored  # from the batch that holds the offset
+        assert raw_fetch(copying.port, "c", first.last_offset_delta + 1).records == (
+            stored[first.size :]
+        )
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": copying.bootstrap, "group.id": "g", "check.crcs": True,
+             "enable.auto.commit": False}
+        )  # fmt: skip
+        consumer.assign([confluent_kafka.TopicPartition("c", 0, 3)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < len(values) - 3 and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.5):
+                assert message.error() is None, message.error()
+                got.append(message.value())
+        consumer.close()
+        assert got == values[3:]
+        assert sendfile_bytes(copying) == 0
