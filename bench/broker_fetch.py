@@ -14,7 +14,9 @@ fresh broker process over its store (started and stopped outside the timing):
   ``fetch.queue.backoff.ms`` 1, see FETCH_QUEUE_BACKOFF_MS), msg/s from the first
   ``consume`` until the last message arrives;
 - ``segmented.sendfile``: the same, from the segmented store, zero copy;
-- ``segmented.copy``: the same store, ``zero_copy_fetch`` off;
+- ``segmented.copy``: the same store, ``zero_copy_fetch`` off (the copying path);
+- ``segmented.tls``: the same store over TLS (a self-signed certificate made with
+  openssl; the consumer trusts it), which takes the copying path and encrypts;
 - ``CASE.baseline`` (with ``--baseline-tree PATH``): the ``--baseline-case`` case
   (``commitlog`` unless told) with the broker process importing another checkout of
   mqstore (PYTHONPATH=PATH, e.g. a copy of main with its C module built), so that a
@@ -57,7 +59,7 @@ VALUE: Final = b"v" * 100
 TOPIC: Final = "fetch"
 CASE_TIMEOUT_S: Final = 300.0
 START_TIMEOUT_S: Final = 60.0
-CASES: Final = ("commitlog", "segmented.sendfile", "segmented.copy")
+CASES: Final = ("commitlog", "segmented.sendfile", "segmented.copy", "segmented.tls")
 TARGET_MSG_S: Final = 1_000_000  # issue 16: the librdkafka consumer, 100 B values
 FETCH_MAX_BYTES: Final = 1 << 20  # librdkafka's default max.partition.fetch.bytes
 #: librdkafka stops fetching for fetch.queue.backoff.ms (default 1,000) whenever its
@@ -78,15 +80,17 @@ def open_engine(engine: str, path: str) -> Any:
     return SegmentedStore.open(path, SegmentedConfig())
 
 
-def serve_main(engine: str, path: str, zero_copy: bool) -> None:
-    """The broker process: serve ``path`` until SIGTERM, printing the address."""
+def serve_main(engine: str, path: str, zero_copy: bool, tls: list[str] | None = None) -> None:
+    """The broker process: serve ``path`` until SIGTERM, printing the address;
+    ``tls``: [certificate, key], a TLS listener."""
     from mqstore.broker import BrokerConfig
     from mqstore.broker.serve import serve
 
     store = open_engine(engine, path)
+    tls_paths = {} if tls is None else {"tls_cert_path": tls[0], "tls_key_path": tls[1]}
     try:
         serve(
-            store, "127.0.0.1", 0, config=BrokerConfig(zero_copy_fetch=zero_copy),
+            store, "127.0.0.1", 0, config=BrokerConfig(zero_copy_fetch=zero_copy, **tls_paths),
             on_listening=lambda b: print(f"listening on {b.bootstrap}", flush=True),
         )  # fmt: skip
     finally:
@@ -94,11 +98,17 @@ def serve_main(engine: str, path: str, zero_copy: bool) -> None:
 
 
 def start_broker(
-    engine: str, path: str, zero_copy: bool, tree: str | None = None
+    engine: str,
+    path: str,
+    zero_copy: bool,
+    tree: str | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """A broker process over ``path``; ``tree``: import mqstore from that checkout."""
+    """A broker process over ``path``; ``tree``: import mqstore from that checkout;
+    ``tls``: (certificate, key) for a TLS listener."""
     command = [sys.executable, "-m", "bench.broker_fetch", "--serve", engine, path]
     command += ["--zero-copy"] if zero_copy else []
+    command += ["--tls", *tls] if tls is not None else []
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
     return spawn_serve(command, env=env, cwd=tree)
 
@@ -121,14 +131,16 @@ def produce(bootstrap: str, messages: int) -> None:
         raise RuntimeError("messages not acknowledged")
 
 
-def consume(bootstrap: str, messages: int) -> float:
-    """msg/s of a librdkafka consumer reading ``messages`` from offset 0."""
+def consume(bootstrap: str, messages: int, ca: str | None = None) -> float:
+    """msg/s of a librdkafka consumer reading ``messages`` from offset 0 (over TLS,
+    trusting the certificate ``ca``, when given)."""
     import confluent_kafka
 
+    tls = {} if ca is None else {"security.protocol": "SSL", "ssl.ca.location": ca}
     consumer = confluent_kafka.Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
          "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": FETCH_MAX_BYTES,
-         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}
+         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS, **tls}
     )  # fmt: skip
     consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, 0)])
     got = 0
@@ -161,17 +173,26 @@ def setup(directory: str, messages: int) -> dict[str, str]:
         finally:
             stop_serve(process)
         paths[engine] = path
+    paths["certificate"] = os.path.join(directory, "cert.pem")
+    paths["key"] = os.path.join(directory, "key.pem")
+    subprocess.run(  # a self-signed certificate for the TLS case (openssl, as the tests)
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", paths["key"], "-out", paths["certificate"], "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
     return paths
 
 
 def run_case(case: str, paths: dict[str, str], messages: int, tree: str | None = None) -> float:
     engine = case.split(".")[0]
+    tls = (paths["certificate"], paths["key"]) if case.startswith("segmented.tls") else None
     process, bootstrap = start_broker(
         engine, paths[engine], zero_copy=not case.startswith("segmented.copy"),
-        tree=tree if case.endswith(".baseline") else None,
+        tree=tree if case.endswith(".baseline") else None, tls=tls,
     )  # fmt: skip
     try:
-        return consume(bootstrap, messages)
+        return consume(bootstrap, messages, ca=None if tls is None else tls[0])
     finally:
         stop_serve(process)
 
@@ -243,7 +264,9 @@ def targets(cases: dict[str, Any]) -> list[dict[str, Any]]:
             "librdkafka consumer, 100 B: segmented engine, sendfile Fetch"),
         row("commitlog", None, "librdkafka consumer, 100 B: CommitLog engine Fetch"),
         row("segmented.copy", "segmented.sendfile",
-            "librdkafka consumer, 100 B: segmented engine, copying Fetch (TLS path)"),
+            "librdkafka consumer, 100 B: segmented engine, copying Fetch (zero copy off)"),
+        row("segmented.tls", "segmented.sendfile",
+            "librdkafka consumer, 100 B: segmented engine over TLS (copying Fetch)"),
     ]  # fmt: skip
 
 
@@ -263,9 +286,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--serve", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_main(args.serve[0], args.serve[1], args.zero_copy)
+        serve_main(args.serve[0], args.serve[1], args.zero_copy, args.tls)
         return
     directory = tempfile.mkdtemp(prefix="bench-fetch-")
     try:
