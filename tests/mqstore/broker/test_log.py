@@ -3,13 +3,15 @@ embedded API wrote goes out over the wire."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from mqstore.broker import Broker, RecordLog
+from mqstore.broker import Broker, BrokerConfig, RecordLog
 from mqstore.broker.batch import check_produced
 from mqstore.commitlog.errors import OffsetOutOfRangeError
 from mqstore.engine import ProducerRecord
@@ -55,6 +57,41 @@ def test_wire_records_are_readable_by_get_query_by_key_and_offset_for_time(
     assert [bytes(m.body) for m in found] == [b"body-11"]
     assert store.offset_for_time("wire", 0, stamps[7] - 1) == 7
     assert store.offset_for_time("wire", 0, stamps[-1] + 1) is None
+
+
+def test_wire_records_are_read_by_spark_and_the_cli(tmp_path: Any, spark: Any) -> None:
+    """librdkafka produces keyed records with headers and timestamps; once the broker
+    has stopped, the Spark source and ``mqstore consume`` read them from the store."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from mqstore import MessageStore
+
+    path = tmp_path / "store"
+    stamps = [1_700_000_000_000 + 1000 * i for i in range(12)]
+    with MessageStore.open(path) as store, Broker(store, BrokerConfig(port=0)) as running:
+        producer = confluent_kafka.Producer({"bootstrap.servers": running.bootstrap})
+        for i, stamp in enumerate(stamps):
+            producer.produce(
+                "wire", key=b"k%d" % i, value=b"v%d" % i, headers=[("h", b"%d" % i)],
+                timestamp=stamp, partition=0,
+            )  # fmt: skip
+        assert producer.flush(WAIT_S) == 0
+    rows = (
+        spark.read.format("mqstore").option("path", str(path)).option("subscribe", "wire")
+        .option("includeHeaders", "true").load().orderBy("offset").collect()
+    )  # fmt: skip
+    assert [(r.key, r.value, r.offset) for r in rows] == [
+        (b"k%d" % i, b"v%d" % i, i) for i in range(12)
+    ]
+    assert [int(r.timestamp.timestamp() * 1000) for r in rows] == stamps
+    assert [[(h.key, h.value) for h in r.headers] for r in rows] == [
+        [("h", b"%d" % i)] for i in range(12)
+    ]
+    consumed = subprocess.run(
+        [sys.executable, "-m", "mqstore", "--store", str(path), "consume", "wire",
+         "--print-key", "--key-separator", ":"],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert consumed.stdout.decode().splitlines() == [f"k{i}:v{i}" for i in range(12)]
 
 
 def test_embedded_writes_are_fetchable(broker: Broker) -> None:
