@@ -21,6 +21,9 @@ queue must already count them. ``CommitLog.open`` then truncates the log at the 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,7 @@ from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from mqstore.commitlog.file_queue import MappedFileQueue
 from mqstore.commitlog.record import (
     HEADER_SIZE,
+    SCAN_FULL,
     SCAN_INVALID,
     SCAN_LIMIT,
     SCAN_ZEROS,
@@ -41,6 +45,8 @@ __all__ = ["SCAN_ROWS", "ScanColumns", "fold_columns", "scan_log"]
 log = logging.getLogger(__name__)
 
 SCAN_ROWS = 1 << 16  # records verified per scan_records call; bounds the column arrays
+AHEAD_RUNS = 4  # runs a file scanned ahead may hold (2.7 MB of columns each)
+AHEAD_POLL_S = 0.05  # how often a scanner ahead, its runs not taken, checks for cancel
 
 
 class ScanColumns:
@@ -64,6 +70,12 @@ def scan_log(
 ) -> tuple[int, int]:
     """Scan from ``start`` (see the module).
 
+    While a file is scanned (``scan_records`` runs without the GIL), the next file is
+    scanned ahead from its start in a background thread (``_Ahead``), a bounded number
+    of runs ahead; its runs are used when the log goes on into it (the file before
+    ends with its blank record), else thrown away. Every file starts at a record
+    boundary, so its scan from 0 is the scan the sequential walk would make there.
+
     Args:
         files: the log's files.
         start: a record boundary known valid.
@@ -74,41 +86,135 @@ def scan_log(
         (end, newest store timestamp): where the log ends, and the larger of
         ``newest_ts_ms`` and every scanned record's store timestamp.
     """
-    columns = ScanColumns()
     position = start
     closed_end = start  # the end of the last record that closes its group
     pending: dict[tuple[str, int], int] = {}  # what the open group's records fold to
+    ahead: dict[int, _Ahead] = {}  # scanners of the next files, by file start
+    try:
+        while True:
+            try:
+                mapped = files.find(position)
+            except OffsetOutOfRangeError:
+                return _end(position, closed_end, pending), newest_ts_ms
+            in_file = position - mapped.start_offset
+            scanner = ahead.pop(mapped.start_offset, None)
+            runs = scanner.runs() if scanner is not None and in_file == 0 else None
+            if runs is None:
+                if scanner is not None:
+                    scanner.cancel()
+                runs = _scan_runs(mapped, in_file)
+            next_start = mapped.start_offset + mapped.size_bytes
+            for end, count, status, closed, columns in runs:
+                if status == SCAN_FULL and not ahead:  # one file ahead at a time
+                    following = _file_at(files, next_start)
+                    if following is not None:
+                        ahead[next_start] = _Ahead(following)
+                if count:
+                    newest_ts_ms = max(newest_ts_ms, int(columns.stamps[:count].max()))
+                if closed:  # the open group before this run (if any) is closed now
+                    _merge(table, pending)
+                    pending.clear()
+                    fold_columns(mapped.mapping, closed, columns, table)
+                    last = closed - 1
+                    closed_end = mapped.start_offset + int(
+                        columns.positions[last] + columns.sizes[last]
+                    )
+                if closed < count:
+                    fold_columns(mapped.mapping, count, columns, pending, first=closed)
+                position = mapped.start_offset + end
+                if status == SCAN_INVALID:
+                    try:  # the reason, for the log
+                        decode(
+                            mapped.mapping, end, mapped.size_bytes, mapped.path,
+                            mapped.start_offset,
+                        )  # fmt: skip
+                    except CorruptDataError as error:
+                        log.warning("CommitLog ends at %d: %s", position, error)
+                    return _end(position, closed_end, pending), newest_ts_ms
+                if status in (SCAN_ZEROS, SCAN_LIMIT):
+                    return _end(position, closed_end, pending), newest_ts_ms
+                # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
+    finally:
+        for scanner in ahead.values():
+            scanner.cancel()
+
+
+_Run = tuple[int, int, int, int, "ScanColumns"]  # end, count, status, closed, columns
+
+
+def _scan_runs(mapped: Any, in_file: int) -> Iterator[_Run]:
+    """The runs of one file from ``in_file``, scanned here, up to the first run that
+    does not fill its columns."""
+    columns = ScanColumns()
     while True:
+        end, count, status, closed = _scan(mapped, in_file, columns)
+        yield end, count, status, closed, columns
+        if status != SCAN_FULL:
+            return
+        in_file = end
+
+
+def _scan(mapped: Any, in_file: int, columns: ScanColumns) -> tuple[int, int, int, int]:
+    result: tuple[int, int, int, int] = scan_records(
+        mapped.mapping, in_file, mapped.size_bytes, mapped.start_offset, columns.positions,
+        columns.sizes, columns.queue_offsets, columns.queue_ids, columns.stamps,
+        columns.topic_lens, columns.topic_hashes,
+    )  # fmt: skip
+    return result
+
+
+def _file_at(files: MappedFileQueue, start_offset: int) -> Any:
+    try:
+        return files.find(start_offset)
+    except OffsetOutOfRangeError:
+        return None
+
+
+class _Ahead:
+    """One file scanned from its start in a background thread, at most AHEAD_RUNS runs
+    ahead of whoever takes them (``runs``); ``cancel`` stops it and waits for it."""
+
+    def __init__(self, mapped: Any) -> None:
+        self._mapped = mapped
+        self._runs: queue.Queue[_Run | BaseException] = queue.Queue(AHEAD_RUNS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mqstore-scan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        in_file = 0
         try:
-            mapped = files.find(position)
-        except OffsetOutOfRangeError:
-            return _end(position, closed_end, pending), newest_ts_ms
-        in_file = position - mapped.start_offset
-        end, count, status, closed = scan_records(
-            mapped.mapping, in_file, mapped.size_bytes, mapped.start_offset, columns.positions,
-            columns.sizes, columns.queue_offsets, columns.queue_ids, columns.stamps,
-            columns.topic_lens, columns.topic_hashes,
-        )  # fmt: skip
-        if count:
-            newest_ts_ms = max(newest_ts_ms, int(columns.stamps[:count].max()))
-        if closed:  # the open group before this run (if any) is closed now
-            _merge(table, pending)
-            pending.clear()
-            fold_columns(mapped.mapping, closed, columns, table)
-            last = closed - 1
-            closed_end = mapped.start_offset + int(columns.positions[last] + columns.sizes[last])
-        if closed < count:
-            fold_columns(mapped.mapping, count, columns, pending, first=closed)
-        position = mapped.start_offset + end
-        if status == SCAN_INVALID:
-            try:  # the reason, for the log
-                decode(mapped.mapping, end, mapped.size_bytes, mapped.path, mapped.start_offset)
-            except CorruptDataError as error:
-                log.warning("CommitLog ends at %d: %s", position, error)
-            return _end(position, closed_end, pending), newest_ts_ms
-        if status in (SCAN_ZEROS, SCAN_LIMIT):
-            return _end(position, closed_end, pending), newest_ts_ms
-        # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
+            while not self._stop.is_set():
+                columns = ScanColumns()
+                end, count, status, closed = _scan(self._mapped, in_file, columns)
+                if not self._put((end, count, status, closed, columns)) or status != SCAN_FULL:
+                    return
+                in_file = end
+        except BaseException as error:  # handed to the caller, raised there
+            self._put(error)
+
+    def _put(self, item: _Run | BaseException) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._runs.put(item, timeout=AHEAD_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def runs(self) -> Iterator[_Run]:
+        """The runs in file order, up to the first that does not fill its columns."""
+        while True:
+            item = self._runs.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item[2] != SCAN_FULL:
+                return
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _end(end: int, closed_end: int, pending: dict[tuple[str, int], int]) -> int:

@@ -382,3 +382,70 @@ def test_a_group_larger_than_a_file_spans_files_and_is_dropped_whole(tmp_path, c
         assert log.append("t", 0, b"after").queue_offset == 1
     finally:
         log.close()
+
+
+@pytest.mark.parametrize("damage", [None, 2, -1])
+def test_files_scanned_ahead_give_what_one_sequential_scan_gives(
+    tmp_path, config, monkeypatch, damage
+):
+    """Runs of 8 records, so that every file after the first is scanned ahead in a
+    thread (commitlog/recovery.py ``_Ahead``): the end, the newest timestamp and the
+    queue-offset table are the sequential scan's, with a flipped bit in the third
+    file (the files after it, scanned ahead, are thrown away) or in the last one."""
+    from mqstore.commitlog import recovery
+
+    directory = str(tmp_path / "log")
+    results = _fill(directory, config, 1200, size=300)  # about 6 files of 64 KiB
+    files = sorted({r.physical_offset // FILE for r in results})
+    assert len(files) >= 5
+    if damage is not None:
+        victim = next(r for r in results if r.physical_offset // FILE == files[damage])
+        _patch(directory, victim.physical_offset + 100, b"\xff")
+
+    def scan(rows: int) -> tuple[int, int, dict, int]:
+        monkeypatch.setattr(recovery, "SCAN_ROWS", rows)
+        started = []
+        real = recovery._Ahead
+
+        def counting(mapped):
+            started.append(mapped.start_offset)
+            return real(mapped)
+
+        monkeypatch.setattr(recovery, "_Ahead", counting)
+        log = CommitLog.open(directory, config, read_only=True)
+        try:
+            table: dict = {}
+            end, newest = recovery.scan_log(log._files, 0, table, 0)
+        finally:
+            log.close()
+        return end, newest, table, len(started)
+
+    end, newest, table, ahead = scan(8)
+    assert ahead >= 2  # the scan went ahead
+    assert (end, newest, table) == scan(1 << 16)[:3]  # no run fills: no scan ahead
+    if damage is None:
+        assert end == results[-1].physical_offset + results[-1].size
+    else:
+        assert end == victim.physical_offset
+
+
+def test_an_error_in_a_file_scanned_ahead_is_raised(tmp_path, config, monkeypatch):
+    from mqstore.commitlog import recovery
+
+    directory = str(tmp_path / "log")
+    _fill(directory, config, 600, size=300)
+    monkeypatch.setattr(recovery, "SCAN_ROWS", 8)
+    real_scan = recovery._scan
+
+    def failing(mapped, in_file, columns):
+        if mapped.start_offset == FILE:  # the second file: scanned ahead
+            raise MemoryError("scan ahead failed")
+        return real_scan(mapped, in_file, columns)
+
+    log = CommitLog.open(directory, config, read_only=True)
+    monkeypatch.setattr(recovery, "_scan", failing)
+    try:
+        with pytest.raises(MemoryError, match="scan ahead failed"):
+            recovery.scan_log(log._files, 0, {}, 0)
+    finally:
+        log.close()

@@ -30,11 +30,11 @@ from mqstore.dispatch import log_scan
 
 FILE_BYTES = 64 * 1024  # small CommitLog files: re-dispatch crosses blank records
 TOPICS = ("orders", "audit", "x")
+_NEEDS_C = pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
 SCANS = [
     pytest.param("python", id="python"),
-    pytest.param(
-        "c", id="c", marks=pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
-    ),
+    pytest.param("c", id="c", marks=_NEEDS_C),
+    pytest.param("c-ahead", id="c-ahead", marks=_NEEDS_C),
 ]
 
 
@@ -53,10 +53,25 @@ def _config(**overrides: Any) -> StoreConfig:
 
 @pytest.fixture(params=SCANS)
 def scan(request, monkeypatch) -> Iterator[str]:
-    """Run the test with the C header scan, then with the pure-Python twin."""
+    """Run the test with the C header scan, with the pure-Python twin, and with the C
+    scan parsing ahead in a thread (``_ParseAhead``) on every scan, in runs of 16
+    records (so a scan is many runs, and the thread waits for buffers)."""
+    started: list[int] = []
     if request.param == "python":
         monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
+    elif request.param == "c-ahead":
+        monkeypatch.setattr(log_scan, "PARSE_AHEAD_MIN_BYTES", 0)
+        monkeypatch.setattr(log_scan, "SCAN_ROWS", 16)
+        real = log_scan._ParseAhead
+
+        def counting(*args: Any) -> Any:
+            started.append(args[1])
+            return real(*args)
+
+        monkeypatch.setattr(log_scan, "_ParseAhead", counting)
     yield request.param
+    if request.param == "c-ahead":
+        assert started, "no scan parsed ahead"
 
 
 def _snapshot(store: MessageStore) -> dict[str, Any]:
