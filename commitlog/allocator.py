@@ -25,7 +25,7 @@ import threading
 import time
 
 from mqstore.commitlog.durable import fsync_directory
-from mqstore.commitlog.errors import StoreClosedError
+from mqstore.commitlog.errors import StoreClosedError, StoreError
 from mqstore.commitlog.mapped_file import MappedFile
 
 __all__ = ["AllocationService"]
@@ -165,11 +165,20 @@ class AllocationService:
             parked = [self._ready.pop(start) for start in doomed]
             for start in [s for s in self._failed if s >= start_offset]:
                 del self._failed[start]
-        for mapped in parked:
+        failure: OSError | None = None
+        for mapped in parked:  # every one closed, even past a failed unlink
             path = mapped.path
             mapped.close()
-            os.unlink(path)
+            if failure is not None:
+                continue
+            try:
+                os.unlink(path)
+            except OSError as error:
+                failure = error
+                continue
             log.info("removed the parked CommitLog file %s: the log was cut back", path)
+        if failure is not None:
+            raise StoreError(f"removing a parked CommitLog file failed: {failure}") from failure
         if parked:
             fsync_directory(self.directory)
         return len(parked)

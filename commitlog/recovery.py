@@ -90,6 +90,7 @@ def scan_log(
     closed_end = start  # the end of the last record that closes its group
     pending: dict[tuple[str, int], int] = {}  # what the open group's records fold to
     ahead: dict[int, _Ahead] = {}  # scanners of the next files, by file start
+    scanner: _Ahead | None = None  # the one whose runs are being taken
     try:
         while True:
             try:
@@ -97,11 +98,14 @@ def scan_log(
             except OffsetOutOfRangeError:
                 return _end(position, closed_end, pending), newest_ts_ms
             in_file = position - mapped.start_offset
+            if scanner is not None:
+                scanner.cancel()  # its runs are used up (it has stopped): join it
             scanner = ahead.pop(mapped.start_offset, None)
             runs = scanner.runs() if scanner is not None and in_file == 0 else None
             if runs is None:
                 if scanner is not None:
                     scanner.cancel()
+                    scanner = None
                 runs = _scan_runs(mapped, in_file)
             next_start = mapped.start_offset + mapped.size_bytes
             for end, count, status, closed, columns in runs:
@@ -135,8 +139,8 @@ def scan_log(
                     return _end(position, closed_end, pending), newest_ts_ms
                 # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
     finally:
-        for scanner in ahead.values():
-            scanner.cancel()
+        for waiting in [*ahead.values(), *([scanner] if scanner is not None else [])]:
+            waiting.cancel()
 
 
 _Run = tuple[int, int, int, int, "ScanColumns"]  # end, count, status, closed, columns

@@ -37,12 +37,15 @@ static PyObject *malformed(Py_ssize_t position, const char *reason) {
     return NULL;
 }
 
-/* A zig-zag varint at *pos, read below limit; 0, or -1 (cut off) / -2 (too long). */
+/* A zig-zag varint at *pos, read below limit; 0, or -1 (cut off) / -2 (too long:
+ * more than 10 bytes, or a 10th byte with bits past the 64th, which the Python
+ * readers would keep and this walk would drop: both refuse it). */
 static int read_zigzag(const uint8_t *p, Py_ssize_t limit, Py_ssize_t *pos, int64_t *out) {
     uint64_t result = 0;
     for (int shift = 0; shift < 70; shift += 7) {
         if (*pos >= limit) return -1;
         uint8_t byte = p[(*pos)++];
+        if (shift == 63 && byte > 1) return -2;
         result |= (uint64_t)(byte & 0x7F) << shift;
         if (!(byte & 0x80)) {
             *out = (int64_t)(result >> 1) ^ -(int64_t)(result & 1);

@@ -201,7 +201,8 @@ def read_varint(buffer: bytes, position: int) -> tuple[int, int]:
     """Decode a zig-zag varint at ``position``; return (value, next position).
 
     Raises:
-        MalformedBatchError: longer than 10 bytes.
+        MalformedBatchError: longer than 10 bytes, or past 64 bits (a 10th byte
+            above 1: record_spans refuses it alike).
         IndexError: the buffer ends inside the varint (callers map it).
     """
     byte = buffer[position]
@@ -214,6 +215,8 @@ def read_varint(buffer: bytes, position: int) -> tuple[int, int]:
     while True:
         byte = buffer[position]
         position += 1
+        if shift == 63 and byte > 1:
+            raise MalformedBatchError(position, "varint past 64 bits")
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
             return (result >> 1) ^ -(result & 1), position
@@ -627,6 +630,8 @@ def record_spans_py(buffer: Any, start: int, end: int, count: int, last_delta: i
                 raise ValueError((cursor, "cut off"))
             byte = view[cursor]
             cursor += 1
+            if shift == 63 and byte > 1:  # past 64 bits: the C walk refuses it too
+                raise ValueError((cursor, "varint past 64 bits"))
             result |= (byte & 0x7F) << shift
             if byte < 0x80:
                 result &= _MASK64

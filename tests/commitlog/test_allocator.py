@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from mqstore.commitlog.allocator import AllocationService
 
 from .conftest import SMALL_FILE_BYTES
@@ -79,4 +81,32 @@ def test_a_discard_waits_for_the_build_in_progress_and_removes_it(tmp_path, monk
         assert os.listdir(directory) == []
     finally:
         release.set()
+        service.close()
+
+
+def test_a_failed_unlink_is_a_store_error_and_every_parked_file_is_closed(tmp_path, monkeypatch):
+    from mqstore.commitlog.errors import StoreError
+    from mqstore.commitlog.mapped_file import MappedFile
+
+    directory = str(tmp_path)
+    service = AllocationService(directory, SMALL_FILE_BYTES, prewarm=False, mlock=False)
+    closed: list[str] = []
+    real_close = MappedFile.close
+
+    def counting_close(self):
+        closed.append(self.path)
+        real_close(self)
+
+    def failing_unlink(path, *args, **kwargs):
+        raise OSError(5, "Input/output error", path)
+
+    try:
+        service.request(SMALL_FILE_BYTES)
+        _wait_exists(_path(directory, SMALL_FILE_BYTES))
+        monkeypatch.setattr(MappedFile, "close", counting_close)
+        monkeypatch.setattr("mqstore.commitlog.allocator.os.unlink", failing_unlink)
+        with pytest.raises(StoreError, match="parked CommitLog file"):
+            service.discard_from(0)
+        assert closed == [_path(directory, SMALL_FILE_BYTES)]
+    finally:
         service.close()

@@ -449,3 +449,30 @@ def test_an_error_in_a_file_scanned_ahead_is_raised(tmp_path, config, monkeypatc
             recovery.scan_log(log._files, 0, {}, 0)
     finally:
         log.close()
+
+
+def test_a_failure_while_taking_runs_ahead_leaves_no_scanner_running(tmp_path, config, monkeypatch):
+    """The caller fails while folding the runs of a file scanned ahead: that file's
+    scanner is stopped and joined too, not left polling with the file mapped."""
+    import threading
+
+    from mqstore.commitlog import recovery
+
+    directory = str(tmp_path / "log")
+    _fill(directory, config, 900, size=300)
+    monkeypatch.setattr(recovery, "SCAN_ROWS", 8)
+    log = CommitLog.open(directory, config, read_only=True)
+    real_fold = recovery.fold_columns
+
+    def failing(buffer, count, columns, table, first=0):
+        if int(columns.positions[0]) == 0 and len(table) and buffer is not log.files()[0].mapping:
+            raise ValueError("fold failed")  # the second file's first run: taken ahead
+        return real_fold(buffer, count, columns, table, first)
+
+    monkeypatch.setattr(recovery, "fold_columns", failing)
+    try:
+        with pytest.raises(ValueError, match="fold failed"):
+            recovery.scan_log(log._files, 0, {}, 0)
+    finally:
+        log.close()
+    assert not [t for t in threading.enumerate() if t.name == "mqstore-scan"]

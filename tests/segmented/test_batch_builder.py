@@ -16,8 +16,10 @@ from mqstore.segmented.record_batch import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
     HEADER_SIZE,
+    MalformedBatchError,
     check_batch,
     decode_records,
+    zigzag_varint,
 )
 
 from .strategies import producer_records
@@ -131,7 +133,7 @@ def test_adopt_takes_only_what_the_full_decode_reads_back(records, position, val
 
 def test_adopt_refuses_a_header_key_that_is_not_utf8():
     data = bytearray(build([ProducerRecord(b"k", b"v", [("h", b"x")], 5)], 7, False, 99).batch)
-    at = bytes(data).rindex(b"hx") if b"hx" in data else bytes(data).rindex(b"h")
+    at = bytes(data).rindex(b"h")  # the header key (the value is "x", after it)
     data[at] = 0xFF  # the header key "h" becomes a lone 0xff byte
     with pytest.raises(InvalidArgumentError, match="not a valid record batch"):
         adopt(_recrc(data), 9, False, 1 << 30)
@@ -142,3 +144,25 @@ def test_adopt_refuses_a_negative_record_timestamp():
     struct.pack_into(">q", data, 27, -5)  # the base timestamp: record 0 at -5
     with pytest.raises(InvalidArgumentError, match="negative"):
         adopt(_recrc(data), 9, False, 1 << 30)
+
+
+_PAST_64_BITS = b"\x80" * 9 + b"\x02"  # a 10-byte varint whose bit 64 is set
+
+
+@pytest.mark.parametrize("field", ["timestamp delta", "offset delta"])
+def test_a_varint_past_64_bits_is_refused_by_adopt_and_the_reader(field):
+    """A 10-byte varint with bits past the 64th: the C walk used to drop them (offset
+    delta 0, accepted) where the reader keeps them (2**63, refused), so an accepted
+    batch could not be read back. Both refuse it now."""
+    stamp, delta = (
+        (_PAST_64_BITS, b"\x00") if field == "timestamp delta" else (b"\x00", _PAST_64_BITS)
+    )
+    body = b"\x00" + stamp + delta + b"\x01" + b"\x02v" + b"\x00"  # no key, value "v"
+    valid = build([ProducerRecord(None, b"v", [], 5)], 7, False, 99).batch
+    data = bytearray(valid[:HEADER_SIZE]) + zigzag_varint(len(body)) + body
+    struct.pack_into(">i", data, 8, len(data) - 12)  # the batch length field
+    raw = _recrc(data)
+    with pytest.raises(InvalidArgumentError, match="not a valid record batch"):
+        adopt(raw, 9, False, 1 << 30)
+    with pytest.raises(MalformedBatchError):
+        decode_records(raw, 0, check_batch(raw, 0), 0, 1)
