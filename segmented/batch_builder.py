@@ -185,11 +185,10 @@ def adopt(
         raise InvalidArgumentError(f"not a valid record batch: {error.reason}") from None
     except InflateError as error:
         raise InvalidArgumentError(f"not a valid record batch: compressed: {error}") from None
-    if header.attributes & TIMESTAMP_TYPE_MASK:  # what readers report for its records
-        lowest = highest = header.max_timestamp
-    else:
-        lowest = header.base_timestamp + int(rows[:, _STAMP].min())
-        highest = header.base_timestamp + int(rows[:, _STAMP].max())
+    # The records' own timestamps: what readers report once the batch carries the
+    # topic's timestamp type (below; the append time instead on a LogAppendTime topic).
+    lowest = header.base_timestamp + int(rows[:, _STAMP].min())
+    highest = header.base_timestamp + int(rows[:, _STAMP].max())
     if lowest < 0:
         raise InvalidArgumentError(f"a record timestamp {lowest} is negative")
     if highest > TIMESTAMP_MAX_MS:
@@ -198,8 +197,11 @@ def adopt(
     # largest (CreateTime) or the append time (LogAppendTime) is set, CRC and all.
     max_timestamp_ms = now_ms if log_append_time else highest
     batch = bytearray(raw)
-    if log_append_time or max_timestamp_ms != header.max_timestamp:
-        attributes = header.attributes | (TIMESTAMP_TYPE_MASK if log_append_time else 0)
+    # The topic's timestamp type, as Kafka's setMaxTimestamp writes it: a producer's
+    # LogAppendTime bit on a CreateTime topic is cleared.
+    attributes = header.attributes & ~TIMESTAMP_TYPE_MASK
+    attributes |= TIMESTAMP_TYPE_MASK if log_append_time else 0
+    if attributes != header.attributes or max_timestamp_ms != header.max_timestamp:
         COVERED.pack_into(
             batch, ATTRIBUTES_POSITION, attributes, header.last_offset_delta,
             header.base_timestamp, max_timestamp_ms, header.producer_id,

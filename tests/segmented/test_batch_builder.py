@@ -166,3 +166,17 @@ def test_a_varint_past_64_bits_is_refused_by_adopt_and_the_reader(field):
         adopt(raw, 9, False, 1 << 30)
     with pytest.raises(MalformedBatchError):
         decode_records(raw, 0, check_batch(raw, 0), 0, 1)
+
+
+def test_a_producers_log_append_time_bit_without_a_max_timestamp_reads_as_create_time():
+    """The reader takes a batch's max timestamp for its records only when it is set
+    (>= 0); adopt judges the timestamps the reader would report, so this batch passes,
+    and is stored with the CreateTime topic's timestamp type."""
+    data = bytearray(build([ProducerRecord(None, b"v", [], 40)], 7, False, 99).batch)
+    struct.pack_into(">h", data, ATTRIBUTES_POSITION, 0x08)  # LogAppendTime, no codec
+    struct.pack_into(">q", data, 35, -1)  # max timestamp unset
+    adopted = adopt(_recrc(data), 9, False, 1 << 30)
+    assert adopted.max_timestamp_ms == 40
+    header = check_batch(bytes(adopted.batch), 0)
+    assert not header.attributes & 0x08  # the CreateTime topic's type, as Kafka writes it
+    assert [r.timestamp_ms for r in decode_records(bytes(adopted.batch), 0, header, 0, 1)] == [40]
