@@ -13,7 +13,7 @@ import os
 from typing import Final
 
 from mqstore.commitlog.durable import fsync_directory
-from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
+from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError, StoreError
 from mqstore.commitlog.mapped_file import MappedFile, parse_file_name
 
 __all__ = ["MappedFileQueue"]
@@ -140,6 +140,11 @@ class MappedFileQueue:
         """Delete every file that starts after ``physical_end`` (recovery's truncation).
 
         The file that starts exactly at ``physical_end`` is kept: writing resumes there.
+
+        Raises:
+            StoreError: a file could not be removed (it stays on disk past the end,
+                where the next open removes it again); DiskFullError, StoreError: the
+                directory sync failed.
         """
         assert not self.read_only
         removed = 0
@@ -147,7 +152,11 @@ class MappedFileQueue:
             doomed = self.files.pop()
             never_written = not any(doomed.mapping[:BLANK_PREFIX_BYTES])
             doomed.close()
-            os.unlink(doomed.path)
+            try:
+                os.unlink(doomed.path)
+            except OSError as error:
+                reason = f"removing {doomed.path} past the end of the log failed: {error}"
+                raise StoreError(reason) from error
             level = logging.INFO if never_written else logging.WARNING
             log.log(level, "removed CommitLog file %s past the end of the log", doomed.path)
             removed += 1

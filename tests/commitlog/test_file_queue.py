@@ -84,3 +84,27 @@ def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
     # Only the removals: the allocation thread may be making the next file meanwhile
     # (create, rename, then its directory's fsync), which its own test covers.
     assert [name for name in syscalls.undurable_names() if name[0] == "unlink"] == []
+
+
+def test_a_file_past_the_end_that_cannot_be_removed_is_a_store_error(open_log, monkeypatch):
+    from mqstore.commitlog.errors import StoreError
+
+    log = open_log()
+    while log.write_position < SMALL_FILE_BYTES + 10:
+        log.append("t", 0, b"x" * 1000)
+    directory = log.directory
+    log.close()
+    second = os.path.join(directory, f"{SMALL_FILE_BYTES:020d}")
+    with open(second, "r+b") as handle:  # the log now ends where the second file starts
+        handle.write(b"\0" * 4096)
+    third = os.path.join(directory, f"{2 * SMALL_FILE_BYTES:020d}")
+    with open(third, "wb") as handle:  # a spare past the end, for recovery to remove
+        handle.truncate(SMALL_FILE_BYTES)
+
+    def failing_unlink(path, *args, **kwargs):
+        raise OSError(13, "Permission denied", path)
+
+    monkeypatch.setattr(file_queue.os, "unlink", failing_unlink)
+    with pytest.raises(StoreError, match="past the end of the log failed"):
+        open_log()
+    assert os.path.exists(third)
