@@ -65,17 +65,24 @@ def test_the_writer_and_a_reader_out_of_attempts_still_raise(open_log, monkeypat
     assert reader.files == []
 
 
-def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
-    """Regression: recovery unlinked files past the log end without an fsync of the
-    directory, so a power cut could bring a stale file back after the truncation."""
+def _ending_at_the_second_file(open_log, files: int) -> str:
+    """Write ``files`` files of records, closed, then zero the start of the second:
+    the log now ends where it starts. Returns the log's directory."""
     log = open_log()
-    while log.write_position < 2 * SMALL_FILE_BYTES + 10:
+    while log.write_position < (files - 1) * SMALL_FILE_BYTES + 10:
         log.append("t", 0, b"x" * 1000)
     directory = log.directory
     log.close()
     second = os.path.join(directory, f"{SMALL_FILE_BYTES:020d}")
-    with open(second, "r+b") as handle:  # the log now ends where the second file starts
+    with open(second, "r+b") as handle:
         handle.write(b"\0" * 4096)
+    return str(directory)
+
+
+def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
+    """Regression: recovery unlinked files past the log end without an fsync of the
+    directory, so a power cut could bring a stale file back after the truncation."""
+    directory = _ending_at_the_second_file(open_log, 3)
     syscalls.events.clear()
     reopened = open_log()
     assert reopened.write_position == SMALL_FILE_BYTES
@@ -89,14 +96,7 @@ def test_files_removed_past_the_end_stay_removed(open_log, syscalls):
 def test_a_file_past_the_end_that_cannot_be_removed_is_a_store_error(open_log, monkeypatch):
     from mqstore.commitlog.errors import StoreError
 
-    log = open_log()
-    while log.write_position < SMALL_FILE_BYTES + 10:
-        log.append("t", 0, b"x" * 1000)
-    directory = log.directory
-    log.close()
-    second = os.path.join(directory, f"{SMALL_FILE_BYTES:020d}")
-    with open(second, "r+b") as handle:  # the log now ends where the second file starts
-        handle.write(b"\0" * 4096)
+    directory = _ending_at_the_second_file(open_log, 2)
     third = os.path.join(directory, f"{2 * SMALL_FILE_BYTES:020d}")
     with open(third, "wb") as handle:  # a spare past the end, for recovery to remove
         handle.truncate(SMALL_FILE_BYTES)

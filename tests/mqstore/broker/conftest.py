@@ -69,3 +69,29 @@ def _read_exactly(conn: socket.socket, size: int) -> bytes | None:
             return None
         data += chunk
     return bytes(data)
+
+
+def librdkafka_read(
+    bootstrap: str, topic: str, offset: int, count: int, timeout_s: float = 30.0
+) -> list[Any]:
+    """Up to ``count`` messages of ``topic``'s partition 0 from ``offset``, read by a
+    librdkafka consumer that checks CRCs (assign, no commits); each without error."""
+    import time
+
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "g", "check.crcs": True,
+         "enable.auto.commit": False}
+    )  # fmt: skip
+    got: list[Any] = []
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, 0, offset)])
+        deadline = time.monotonic() + timeout_s
+        while len(got) < count and time.monotonic() < deadline:
+            for message in consumer.consume(min(1_000, count - len(got)), 0.5):
+                assert message.error() is None, message.error()
+                got.append(message)
+    finally:
+        consumer.close()
+    return got

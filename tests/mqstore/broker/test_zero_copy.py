@@ -24,7 +24,7 @@ from mqstore.engine import ProducerRecord
 from mqstore.segmented import SegmentedConfig, SegmentedStore
 from mqstore.segmented.compression import CODEC_NAMES
 from mqstore.segmented.record_batch import HEADER, BatchHeader
-from tests.mqstore.broker.conftest import read_frame
+from tests.mqstore.broker.conftest import librdkafka_read, read_frame
 from tests.mqstore.broker.test_protocol import request_frame
 from tests.mqstore.broker.test_sasl import certificate as certificate  # a fixture
 from tests.mqstore.engines import open_engine
@@ -164,19 +164,8 @@ def test_librdkafka_batches_come_back_byte_identical_by_sendfile(
     assert all(h.producer_id >= 0 and h.base_sequence >= 0 for h in headers)
     assert raw_fetch(broker.port, "z", 0).records == stored
     wait_until(lambda: sendfile_bytes(broker) == len(stored), "counted once sent")
-    consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": "g", "check.crcs": True,
-         "enable.auto.commit": False}
-    )  # fmt: skip
-    consumer.assign([confluent_kafka.TopicPartition("z", 0, 0)])
-    got: list[bytes] = []
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(got) < len(values) and time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.5):
-            assert message.error() is None, message.error()
-            got.append(message.value())
-    consumer.close()
-    assert got == values
+    got = librdkafka_read(broker.bootstrap, "z", 0, len(values), TIMEOUT_S)
+    assert [message.value() for message in got] == values
     wait_until(lambda: sendfile_bytes(broker) >= 2 * len(stored), "all by sendfile")
 
 
@@ -331,17 +320,6 @@ def test_the_copying_path_sends_the_stored_batches_as_they_are(store: SegmentedS
         assert inside == stored  # from the batch that holds the offset
         after_first = raw_fetch(copying.port, "c", first.last_offset_delta + 1).records
         assert after_first == stored[first.size :]
-        consumer = confluent_kafka.Consumer(
-            {"bootstrap.servers": copying.bootstrap, "group.id": "g", "check.crcs": True,
-             "enable.auto.commit": False}
-        )  # fmt: skip
-        consumer.assign([confluent_kafka.TopicPartition("c", 0, 3)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(got) < len(values) - 3 and time.monotonic() < deadline:
-            for message in consumer.consume(500, 0.5):
-                assert message.error() is None, message.error()
-                got.append(message.value())
-        consumer.close()
-        assert got == values[3:]
+        got = librdkafka_read(copying.bootstrap, "c", 3, len(values) - 3, TIMEOUT_S)
+        assert [message.value() for message in got] == values[3:]
         assert sendfile_bytes(copying) == 0
