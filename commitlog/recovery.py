@@ -20,9 +20,8 @@ queue must already count them. ``CommitLog.open`` then truncates the log at the 
 
 from __future__ import annotations
 
+import itertools
 import logging
-import queue
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from mqstore.commitlog.errors import CorruptDataError, OffsetOutOfRangeError
 from mqstore.commitlog.file_queue import MappedFileQueue
+from mqstore.commitlog.prefetch import Prefetch
 from mqstore.commitlog.record import (
     HEADER_SIZE,
     SCAN_FULL,
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 SCAN_ROWS = 1 << 16  # records verified per scan_records call; bounds the column arrays
 AHEAD_RUNS = 4  # runs a file scanned ahead may hold (2.7 MB of columns each)
-AHEAD_POLL_S = 0.05  # how often a scanner ahead, its runs not taken, checks for cancel
 
 
 class ScanColumns:
@@ -71,10 +70,10 @@ def scan_log(
     """Scan from ``start`` (see the module).
 
     While a file is scanned (``scan_records`` runs without the GIL), the next file is
-    scanned ahead from its start in a background thread (``_Ahead``), a bounded number
-    of runs ahead; its runs are used when the log goes on into it (the file before
-    ends with its blank record), else thrown away. Every file starts at a record
-    boundary, so its scan from 0 is the scan the sequential walk would make there.
+    scanned ahead from its start in a background thread (``Prefetch``), at most
+    AHEAD_RUNS runs ahead; its runs are used when the log goes on into it (the file
+    before ends with its blank record), else thrown away. Every file starts at a
+    record boundary, so its scan from 0 is the scan the sequential walk would make.
 
     Args:
         files: the log's files.
@@ -89,8 +88,8 @@ def scan_log(
     position = start
     closed_end = start  # the end of the last record that closes its group
     pending: dict[tuple[str, int], int] = {}  # what the open group's records fold to
-    ahead: dict[int, _Ahead] = {}  # scanners of the next files, by file start
-    scanner: _Ahead | None = None  # the one whose runs are being taken
+    ahead: tuple[int, Prefetch[_Run]] | None = None  # the next file's scan: its start
+    reading: Prefetch[_Run] | None = None  # the scan ahead whose runs are being taken
     try:
         while True:
             try:
@@ -98,21 +97,23 @@ def scan_log(
             except OffsetOutOfRangeError:
                 return _end(position, closed_end, pending), newest_ts_ms
             in_file = position - mapped.start_offset
-            if scanner is not None:
-                scanner.cancel()  # its runs are used up (it has stopped): join it
-            scanner = ahead.pop(mapped.start_offset, None)
-            runs = scanner.runs() if scanner is not None and in_file == 0 else None
-            if runs is None:
-                if scanner is not None:
-                    scanner.cancel()
-                    scanner = None
-                runs = _scan_runs(mapped, in_file)
+            if reading is not None:
+                reading.close()  # its runs are used up
+                reading = None
+            runs: Iterator[_Run]
+            if ahead is not None and ahead[0] == mapped.start_offset and in_file == 0:
+                reading, ahead = ahead[1], None
+                runs = iter(reading)
+            else:
+                runs = _scan_runs(mapped, in_file, itertools.repeat(ScanColumns()))
             next_start = mapped.start_offset + mapped.size_bytes
             for end, count, status, closed, columns in runs:
-                if status == SCAN_FULL and not ahead:  # one file ahead at a time
+                if status == SCAN_FULL and ahead is None:  # a long file: scan the next
                     following = _file_at(files, next_start)
                     if following is not None:
-                        ahead[next_start] = _Ahead(following)
+                        ring = itertools.cycle([ScanColumns() for _ in range(AHEAD_RUNS + 2)])
+                        scan = _scan_runs(following, 0, ring)
+                        ahead = (next_start, Prefetch(scan, AHEAD_RUNS, "mqstore-scan"))
                 if count:
                     newest_ts_ms = max(newest_ts_ms, int(columns.stamps[:count].max()))
                 if closed:  # the open group before this run (if any) is closed now
@@ -139,18 +140,19 @@ def scan_log(
                     return _end(position, closed_end, pending), newest_ts_ms
                 # SCAN_FULL: go on in this file; SCAN_BLANK: on to the next file.
     finally:
-        for waiting in [*ahead.values(), *([scanner] if scanner is not None else [])]:
-            waiting.cancel()
+        for running in (reading, None if ahead is None else ahead[1]):
+            if running is not None:
+                running.close()
 
 
 _Run = tuple[int, int, int, int, "ScanColumns"]  # end, count, status, closed, columns
 
 
-def _scan_runs(mapped: Any, in_file: int) -> Iterator[_Run]:
-    """The runs of one file from ``in_file``, scanned here, up to the first run that
-    does not fill its columns."""
-    columns = ScanColumns()
+def _scan_runs(mapped: Any, in_file: int, buffers: Iterator[ScanColumns]) -> Iterator[_Run]:
+    """The runs of one file from ``in_file``, each into the next of ``buffers``, up to
+    the first run that does not fill its columns."""
     while True:
+        columns = next(buffers)
         end, count, status, closed = _scan(mapped, in_file, columns)
         yield end, count, status, closed, columns
         if status != SCAN_FULL:
@@ -172,53 +174,6 @@ def _file_at(files: MappedFileQueue, start_offset: int) -> Any:
         return files.find(start_offset)
     except OffsetOutOfRangeError:
         return None
-
-
-class _Ahead:
-    """One file scanned from its start in a background thread, at most AHEAD_RUNS runs
-    ahead of whoever takes them (``runs``); ``cancel`` stops it and waits for it."""
-
-    def __init__(self, mapped: Any) -> None:
-        self._mapped = mapped
-        self._runs: queue.Queue[_Run | BaseException] = queue.Queue(AHEAD_RUNS)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mqstore-scan", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        in_file = 0
-        try:
-            while not self._stop.is_set():
-                columns = ScanColumns()
-                end, count, status, closed = _scan(self._mapped, in_file, columns)
-                if not self._put((end, count, status, closed, columns)) or status != SCAN_FULL:
-                    return
-                in_file = end
-        except BaseException as error:  # handed to the caller, raised there
-            self._put(error)
-
-    def _put(self, item: _Run | BaseException) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._runs.put(item, timeout=AHEAD_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def runs(self) -> Iterator[_Run]:
-        """The runs in file order, up to the first that does not fill its columns."""
-        while True:
-            item = self._runs.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item[2] != SCAN_FULL:
-                return
-
-    def cancel(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _end(end: int, closed_end: int, pending: dict[tuple[str, int], int]) -> int:

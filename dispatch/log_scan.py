@@ -8,7 +8,7 @@ of records becomes ConsumeQueue units and index entries here, in bulk:
    ``SCAN_ROWS`` headers of one file in one call into columns (physical offset, size,
    queue offset, queue id, born and store timestamps, topic hash, tag and keys
    lengths). No Python runs per record. A long scan (the re-dispatch after a crash)
-   parses its next runs in a thread while the run before is written (``_ParseAhead``;
+   parses its next runs in a thread while the run before is written (``Prefetch``;
    the C parse runs without the GIL).
 2. The run is grouped per queue with numpy (the rows of one put batch arrive
    together, so the grouping sorts stretches, not records). A queue with more than
@@ -33,8 +33,7 @@ calling ``scan``.
 
 from __future__ import annotations
 
-import queue
-import threading
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple, Protocol
 
@@ -59,6 +58,7 @@ from mqstore.commitlog.header_scan import (
     new_columns,
 )
 from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.prefetch import Prefetch
 from mqstore.commitlog.record import (
     BLANK_MAGIC,
     BLANK_SIZE,
@@ -76,11 +76,10 @@ __all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS"]
 # possible; 1 GiB of 100 B records is about 95 calls, of 1 KiB records 15.
 SCAN_ROWS: Final = 1 << 16
 SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue goes with the small ones
-# A scan at least this long parses its next runs in a thread (_ParseAhead) while this
-# one writes; PARSE_AHEAD_BUFFERS column buffers (5 MiB each) bound how far ahead.
+# A scan at least this long parses its next runs in a thread (Prefetch) while this one
+# writes, at most PARSE_AHEAD_RUNS runs ahead (a ring of that + 2 buffers, 5 MiB each).
 PARSE_AHEAD_MIN_BYTES: Final = 32 << 20
-PARSE_AHEAD_BUFFERS: Final = 3
-PARSE_AHEAD_POLL_S: Final = 0.05  # how often a parser waiting for a buffer checks for close
+PARSE_AHEAD_RUNS: Final = 1
 # Small queues' units a scan collects before it writes them (40 B each: 20 MiB); a
 # 100 B message run holds ~6 units of each of 10,000 queues.
 PENDING_ROWS_MAX: Final = 1 << 19
@@ -201,12 +200,18 @@ class LogScan:
             self._columns = new_columns(SCAN_ROWS)
             self._laid = np.empty((len(_UNIT_ROWS) + 1, SCAN_ROWS), dtype=np.int64)
             self._row_numbers = np.arange(SCAN_ROWS, dtype=np.int64)
-        ahead = None
+        ahead: Prefetch[_Run] | None = None
+        runs: Iterator[_Run]
         if end - start >= PARSE_AHEAD_MIN_BYTES and dispatch_columns is not dispatch_columns_py:
-            ahead = _ParseAhead(self._commitlog, start, end, hard_end, self._columns)
-            runs = ahead.runs()
+            # Parsed in a thread while the run before is written; the files it reads
+            # are at or past the scan's start, which nothing removes during a round.
+            ring = [self._columns, *(new_columns(SCAN_ROWS) for _ in range(PARSE_AHEAD_RUNS + 1))]
+            parse = _parse_runs(self._commitlog, start, end, hard_end, itertools.cycle(ring))
+            ahead = Prefetch(parse, PARSE_AHEAD_RUNS, "mqstore-parse")
+            runs = iter(ahead)
         else:
-            runs = _parse_here(self._commitlog, start, end, hard_end, self._columns)
+            single = itertools.repeat(self._columns)  # a run is used before the next is made
+            runs = _parse_runs(self._commitlog, start, end, hard_end, single)
         pending = _Pending()
         position, store_ts_ms, count = start, 0, 0
         try:
@@ -411,100 +416,23 @@ class LogScan:
 _Run = tuple[MappedFile, int, int, int, np.ndarray]  # file, at, taken, status, columns
 
 
-def _parse_here(
-    commitlog: CommitLog, start: int, end: int, hard_end: int, columns: np.ndarray
+def _parse_runs(
+    commitlog: CommitLog, start: int, end: int, hard_end: int, buffers: Iterator[np.ndarray]
 ) -> Iterator[_Run]:
-    """The runs of [start, end), parsed in this thread into ``columns`` (reused: a run
-    is used up before the next one is asked for)."""
+    """The runs of [start, end), each parsed into the next of ``buffers``."""
     position = start
     while position < end:
+        columns = next(buffers)
         mapped = commitlog.file_for(position)
-        at, taken, status = _parse(mapped, position, end, hard_end, columns)
-        yield mapped, at, taken, status, columns
-        if status == DISPATCH_INVALID or mapped.start_offset + at <= position:
-            return
-        position = mapped.start_offset + at
-
-
-def _parse(
-    mapped: MappedFile, position: int, end: int, hard_end: int, columns: np.ndarray
-) -> tuple[int, int, int]:
-    file_start = mapped.start_offset
-    result: tuple[int, int, int] = dispatch_columns(
-        mapped.mapping, position - file_start, min(mapped.size_bytes, end - file_start),
-        mapped.size_bytes, hard_end - file_start, file_start, False, columns,
-    )  # fmt: skip
-    return result
-
-
-class _ParseAhead:
-    """The runs of a long scan (the re-dispatch after a crash, a dispatcher far
-    behind) parsed in a background thread while the caller lays out and writes the
-    run before (``dispatch_columns`` runs without the GIL): PARSE_AHEAD_BUFFERS
-    column buffers go round, so the thread is at most that many runs ahead. The
-    files it reads are at or past the scan's start, which nothing removes while the
-    dispatcher's round runs (as for a scan in one thread)."""
-
-    def __init__(
-        self, commitlog: CommitLog, start: int, end: int, hard_end: int, first: np.ndarray
-    ) -> None:
-        self._free: queue.Queue[np.ndarray] = queue.Queue()
-        self._free.put(first)
-        for _ in range(PARSE_AHEAD_BUFFERS - 1):
-            self._free.put(new_columns(SCAN_ROWS))
-        self._ready: queue.Queue[_Run | BaseException | None] = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(commitlog, start, end, hard_end), name="mqstore-parse",
-            daemon=True,
+        file_start = mapped.start_offset
+        at, taken, status = dispatch_columns(
+            mapped.mapping, position - file_start, min(mapped.size_bytes, end - file_start),
+            mapped.size_bytes, hard_end - file_start, file_start, False, columns,
         )  # fmt: skip
-        self._thread.start()
-
-    def _run(self, commitlog: CommitLog, start: int, end: int, hard_end: int) -> None:
-        try:
-            position = start
-            while position < end:
-                columns = self._take_free()
-                if columns is None:
-                    return  # closed
-                mapped = commitlog.file_for(position)
-                at, taken, status = _parse(mapped, position, end, hard_end, columns)
-                self._ready.put((mapped, at, taken, status, columns))
-                if status == DISPATCH_INVALID or mapped.start_offset + at <= position:
-                    return
-                position = mapped.start_offset + at
-        except BaseException as error:  # raised in the caller's thread
-            self._ready.put(error)
-        finally:
-            self._ready.put(None)
-
-    def _take_free(self) -> np.ndarray | None:
-        while not self._stop.is_set():
-            try:
-                return self._free.get(timeout=PARSE_AHEAD_POLL_S)
-            except queue.Empty:
-                continue
-        return None
-
-    def runs(self) -> Iterator[_Run]:
-        """The runs in log order; a run's columns go back to the thread when the next
-        run is asked for."""
-        previous: np.ndarray | None = None
-        while True:
-            item = self._ready.get()
-            if previous is not None:
-                self._free.put(previous)
-                previous = None
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            previous = item[4]
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        yield mapped, at, taken, status, columns
+        if status == DISPATCH_INVALID or file_start + at <= position:
+            return
+        position = file_start + at
 
 
 def _groups(

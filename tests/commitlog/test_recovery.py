@@ -389,7 +389,7 @@ def test_files_scanned_ahead_give_what_one_sequential_scan_gives(
     tmp_path, config, monkeypatch, damage
 ):
     """Runs of 8 records, so that every file after the first is scanned ahead in a
-    thread (commitlog/recovery.py ``_Ahead``): the end, the newest timestamp and the
+    thread (commitlog/recovery.py, ``Prefetch``): the end, the newest timestamp and the
     queue-offset table are the sequential scan's, with a flipped bit in the third
     file (the files after it, scanned ahead, are thrown away) or in the last one."""
     from mqstore.commitlog import recovery
@@ -405,13 +405,13 @@ def test_files_scanned_ahead_give_what_one_sequential_scan_gives(
     def scan(rows: int) -> tuple[int, int, dict, int]:
         monkeypatch.setattr(recovery, "SCAN_ROWS", rows)
         started = []
-        real = recovery._Ahead
+        real = recovery.Prefetch
 
-        def counting(mapped):
-            started.append(mapped.start_offset)
-            return real(mapped)
+        def counting(produce, depth, name):
+            started.append(name)
+            return real(produce, depth, name)
 
-        monkeypatch.setattr(recovery, "_Ahead", counting)
+        monkeypatch.setattr(recovery, "Prefetch", counting)
         log = CommitLog.open(directory, config, read_only=True)
         try:
             table: dict = {}

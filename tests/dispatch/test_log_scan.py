@@ -54,21 +54,21 @@ def _config(**overrides: Any) -> StoreConfig:
 @pytest.fixture(params=SCANS)
 def scan(request, monkeypatch) -> Iterator[str]:
     """Run the test with the C header scan, with the pure-Python twin, and with the C
-    scan parsing ahead in a thread (``_ParseAhead``) on every scan, in runs of 16
-    records (so a scan is many runs, and the thread waits for buffers)."""
+    scan parsing ahead in a thread (``Prefetch``) on every scan, in runs of 16
+    records (so a scan is many runs, and the thread waits on its full queue)."""
     started: list[int] = []
     if request.param == "python":
         monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
     elif request.param == "c-ahead":
         monkeypatch.setattr(log_scan, "PARSE_AHEAD_MIN_BYTES", 0)
         monkeypatch.setattr(log_scan, "SCAN_ROWS", 16)
-        real = log_scan._ParseAhead
+        real = log_scan.Prefetch
 
-        def counting(*args: Any) -> Any:
-            started.append(args[1])
-            return real(*args)
+        def counting(produce: Any, depth: int, name: str) -> Any:
+            started.append(depth)
+            return real(produce, depth, name)
 
-        monkeypatch.setattr(log_scan, "_ParseAhead", counting)
+        monkeypatch.setattr(log_scan, "Prefetch", counting)
     yield request.param
     if request.param == "c-ahead":
         assert started, "no scan parsed ahead"
