@@ -213,12 +213,7 @@ def check_keyed(topic: str, records: Sequence[Any]) -> None:
     Raises:
         InvalidRecordError: a record's ``key`` is None.
     """
-    for index, record in enumerate(records):
-        if getattr(record, "key", None) is None:
-            raise InvalidRecordError(
-                f"compacted topic {topic!r} cannot accept a record without a key "
-                f"(record {index} of the batch; nothing was appended)"
-            )
+    check_key_sizes(topic, [-1 if getattr(r, "key", None) is None else 0 for r in records])
 
 
 def parse_kafka_configs(topic: str, configs: Mapping[str, object]) -> dict[str, Any]:
