@@ -637,7 +637,10 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             dispatched_ts_ms = self._checkpoint.dispatched_ts_ms
             unsynced = self._derived_unsynced
             due = derived or unsynced or now - self._derived_flushed_at >= interval_s
-            if due and self.derived_sync_failure is None:
+            # At open after an unclean stop the claim cannot move (see above): syncing
+            # what the re-dispatch wrote would buy nothing the first checkpoint's
+            # sync_everything does not redo, and cost the open its fdatasyncs.
+            if due and self.derived_sync_failure is None and not (opening and unsynced):
                 position, position_ts_ms = dispatcher.position, dispatcher.dispatched_ts_ms
                 try:
                     self.consume_queues.flush()
@@ -656,15 +659,15 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
                     else:
                         dispatched, dispatched_ts_ms = position, position_ts_ms
                         self._derived_flushed_at = now
-            self._checkpoint = self._checkpoint_file.store(
-                Checkpoint(
-                    flushed_position=flushed,
-                    dispatched_position=dispatched,
-                    flushed_ts_ms=flushed_ts_ms,
-                    dispatched_ts_ms=dispatched_ts_ms,
-                    sequence=self._checkpoint.sequence,
-                )
+            checkpoint = Checkpoint(
+                flushed_position=flushed,
+                dispatched_position=dispatched,
+                flushed_ts_ms=flushed_ts_ms,
+                dispatched_ts_ms=dispatched_ts_ms,
+                sequence=self._checkpoint.sequence,
             )
+            if checkpoint != self._checkpoint:  # the same claims: nothing to make durable
+                self._checkpoint = self._checkpoint_file.store(checkpoint)
 
     # ------------------------------------------------------------------ topics
 

@@ -26,7 +26,7 @@ from mqstore import (
 )
 from mqstore.commitlog import lock
 from mqstore.commitlog.checkpoint import CheckpointFile
-from mqstore.consumequeue import file_cache
+from mqstore.consumequeue import file_cache, shared_log
 from mqstore.consumequeue.format import TIME_HEADER_SIZE_BYTES
 from tests.mqstore.conftest import SMALL
 
@@ -191,6 +191,49 @@ def test_crash_and_reopen_rebuilds_from_the_checkpoint(tmp_path, small_config):
         assert [bytes(m.body) for m in store.get("t", 1, 199, 5)] == [b"399"]
         assert store.put("t", 1, b"next").queue_offset == 200
         assert len(store.query_by_key("t", "k123", 0, 2**62, 5)) == 1
+
+
+def test_a_crash_reopen_syncs_nothing_it_cannot_claim(tmp_path, small_config, monkeypatch):
+    """After an unclean stop the open re-dispatches but leaves the checkpoint's claim
+    where it was (the dead process's writes are unsynced): it fdatasyncs none of the
+    re-dispatched ConsumeQueue files. The first checkpoint
+    after open syncs the whole tree and only then moves the claim."""
+    path = tmp_path / "s"
+    store = MessageStore.open(path, small_config)
+    for i in range(400):
+        store.put("t", i % 2, b"%d" % i)
+        if i == 99:
+            assert len(store.get("t", 1, 0, 100)) == 50  # dispatched
+            store._write_checkpoint(derived=True)
+            dispatcher = store._dispatcher  # stopped: the open re-dispatches the rest
+            dispatcher._stop.set()
+            dispatcher._wake.set()
+            dispatcher._thread.join()
+    store._crash()
+    before = CheckpointFile(str(path), read_only=True).load()
+    assert before is not None
+    synced: list[str] = []
+    real_sync = file_cache.sync_path
+
+    def counting(target, *args, **kwargs):
+        synced.append(str(target))
+        return real_sync(target, *args, **kwargs)
+
+    monkeypatch.setattr(file_cache, "sync_path", counting)
+    monkeypatch.setattr(shared_log, "sync_path", counting)
+    with MessageStore.open(path, small_config) as store:
+        assert store.recovered_from_crash
+        assert store.max_offset("t", 1) == 200
+        assert synced == []
+        at_open = CheckpointFile(str(path), read_only=True).load()
+        assert at_open is not None
+        assert at_open.dispatched_position == before.dispatched_position
+        store._write_checkpoint()  # the first one after open: syncs all, then claims
+        assert synced
+        after = CheckpointFile(str(path), read_only=True).load()
+        assert after is not None
+        assert after.dispatched_position > before.dispatched_position
+        assert after.dispatched_position == store._dispatcher.position
 
 
 def test_every_consumequeue_file_deleted_is_rebuilt(tmp_path, small_config):
