@@ -3,6 +3,7 @@ and power-cut recovery from crash states built directly on disk."""
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from typing import Any
@@ -19,7 +20,7 @@ from mqstore.consumequeue.format import (
     TEMP_SUFFIX,
     UNIT,
 )
-from mqstore.consumequeue.shared_log import SharedUnitLog
+from mqstore.consumequeue.shared_log import SharedRun, SharedUnitLog
 
 RECORDS_PER_FILE = 5  # small: appends, cuts and retention cross file boundaries
 
@@ -427,3 +428,19 @@ def test_point_records_are_the_records_as_tuples(tmp_path: Any) -> None:
                 read(1, 1, 2)
     finally:
         shared.close()
+
+
+def test_a_run_is_one_object_for_the_garbage_collector():
+    """100,000 queues hold 100,000 runs: each is one tracked object (its positions
+    are its own int64 array), so a full collection walks one object per queue."""
+    run = SharedRun(7, 3)
+    run.append(9)
+    assert (run.first_offset, run.min_offset, run.end, list(run.positions)) == (7, 7, 9, [3, 9])
+    assert run.positions is run
+    assert np.frombuffer(run, dtype=np.int64).tolist() == [3, 9]
+    del run.positions[1:]
+    assert run.end == 8 and len(run) == 1
+    tracked = [ref for ref in gc.get_referents(run) if gc.is_tracked(ref) and ref is not SharedRun]
+    assert tracked == []
+    assert not SharedRun(5)  # empty: falsy, ends at its first offset
+    assert SharedRun(5).end == 5
