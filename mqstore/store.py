@@ -666,7 +666,9 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
                 dispatched_ts_ms=dispatched_ts_ms,
                 sequence=self._checkpoint.sequence,
             )
-            if checkpoint != self._checkpoint:  # the same claims: nothing to make durable
+            # The same claims as the slot on disk: nothing to make durable (sequence 0:
+            # no slot written yet, and one is, so the file always holds a checkpoint).
+            if checkpoint != self._checkpoint or not checkpoint.sequence:
                 self._checkpoint = self._checkpoint_file.store(checkpoint)
 
     # ------------------------------------------------------------------ topics
