@@ -48,6 +48,7 @@ slot each (a dict entry and a row of the per-slot arrays), not an object.
 
 from __future__ import annotations
 
+import itertools
 from typing import Final
 
 import numpy as np
@@ -70,6 +71,9 @@ _NEXT: Final = 5
 _LIMIT: Final = 6
 _LAST_CLOG: Final = 7
 _COLUMNS: Final = 8
+# A write of at most this many units takes Python's scalar paths: a round of one
+# record (a waiting reader's, at a low rate) costs microseconds, not numpy calls.
+SMALL_WRITE_UNITS: Final = 8
 assert UNIT.fields is not None
 assert [UNIT.fields[name][1] for name in ("commitlog_offset", "size", "tag_hash")] == [0, 8, 12]
 assert UNIT.itemsize == 20
@@ -127,11 +131,17 @@ class TailWriter:
         """The slots of many queues (``slot_of`` each), new ones given per topic in
         one pass: a round of 100,000 new queues costs no call per queue (issue 15)."""
         slots = self._slots
-        by_topic: dict[str, list[int]] = {}
-        for topic, queue_id in dict.fromkeys(key for key in keys if key not in slots):
-            by_topic.setdefault(topic, []).append(queue_id)  # once each, in order
-        for topic, queue_ids in by_topic.items():
-            self._add_slots(topic, queue_ids)
+        missing = list(dict.fromkeys([key for key in keys if key not in slots]))  # in order
+        if missing:
+            topic = missing[0][0]
+            if all(key[0] == topic for key in missing):
+                self._add_slots(topic, [queue_id for _, queue_id in missing])
+            else:
+                by_topic: dict[str, list[int]] = {}
+                for topic, queue_id in missing:
+                    by_topic.setdefault(topic, []).append(queue_id)
+                for topic, queue_ids in by_topic.items():
+                    self._add_slots(topic, queue_ids)
         return [slots[key] for key in keys]
 
     def confirm_shared(
@@ -160,12 +170,17 @@ class TailWriter:
         store = self._store
         count = len(queue_ids)
         limits = store.shared_append_limits(topic, queue_ids) if self._sharing else [None] * count
-        # Queues the shared log cannot answer for (or all, with sharing off) are built
-        # here, which validates them: the typed errors of ConsumeQueueStore.queue.
-        queues = [
-            store.queue(topic, queue_id) if limit is None else None
-            for queue_id, limit in zip(queue_ids, limits, strict=True)
-        ]
+        if None in limits:
+            # Queues the shared log cannot answer for (or all, with sharing off) are
+            # built here, which validates them: the typed errors of
+            # ConsumeQueueStore.queue.
+            queues = [
+                store.queue(topic, queue_id) if limit is None else None
+                for queue_id, limit in zip(queue_ids, limits, strict=True)
+            ]
+            limits = list(map(_limit_of, queues, limits))
+        else:  # the common case of many new queues: all in the shared log, no object
+            queues = [None] * count
         first = len(self._queues)
         self._grow(first + count)
         topic_index = self._topic_index.get(topic)
@@ -175,16 +190,12 @@ class TailWriter:
         self._slot_queue_ids[first : first + count] = queue_ids
         self._slot_topics[first : first + count] = topic_index
         self._queues.extend(queues)
-        self._refs.extend([None] * count)
+        self._refs.extend(itertools.repeat(None, count))
         self._slots.update(
-            zip(
-                [(topic, queue_id) for queue_id in queue_ids],
-                range(first, first + count),
-                strict=True,
-            )
+            zip(zip(itertools.repeat(topic), queue_ids), range(first, first + count), strict=True)
         )
         if self._sharing:
-            self._limits[first : first + count] = list(map(_limit_of, queues, limits))
+            self._limits[first : first + count] = limits
 
     def _refresh_limits(self) -> None:
         """Every slot's limit again (a run was cut or restarted): the built queues ask
@@ -336,9 +347,13 @@ class TailWriter:
         if self._shared_generation != self._ctx.shared_generation:
             self._shared_generation = self._ctx.shared_generation
             self._refresh_limits()
-        handled = np.zeros(len(slots), dtype=bool)
-        if not (queue_offsets < self._limits[slots]).any():
+        if len(slots) <= SMALL_WRITE_UNITS:  # a round of a few units (a reader waits)
+            limit = self._limits.item
+            if all(map(int.__ge__, queue_offsets.tolist(), map(limit, slots.tolist()))):
+                return None
+        elif not (queue_offsets < self._limits[slots]).any():
             return None
+        handled = np.zeros(len(slots), dtype=bool)
         # Each pass appends to one topic until its log stops; a stop costs one put.
         # At most one pass per unit, so the loop is bounded by the round's length.
         for _ in range(len(slots) + len(self._topics)):
@@ -368,10 +383,16 @@ class TailWriter:
 
     def _publish(self, written: np.ndarray) -> None:
         """Tell the queues C wrote to their new tails, and mark their files dirty."""
-        touched = np.unique(written)
-        rows = self._table[touched][:, (_NEXT, _LAST_CLOG)].tolist()
+        if len(written) <= SMALL_WRITE_UNITS:  # numpy's per-call cost would dominate
+            item = self._table.item
+            touched = list(dict.fromkeys(written.tolist()))
+            rows = [[item(slot, _NEXT), item(slot, _LAST_CLOG)] for slot in touched]
+        else:
+            unique = np.unique(written)
+            touched = unique.tolist()
+            rows = self._table[unique][:, (_NEXT, _LAST_CLOG)].tolist()
         queues, refs = self._queues, self._refs
-        for slot, (next_offset, last_clog) in zip(touched.tolist(), rows, strict=True):
+        for slot, (next_offset, last_clog) in zip(touched, rows, strict=True):
             queue = queues[slot]
             assert queue is not None  # an attached row's queue is built (_attach)
             queue._max_offset = next_offset

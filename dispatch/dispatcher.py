@@ -53,7 +53,7 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.commitlog.record import decode_keys, tag_hash
 from mqstore.consumequeue.queue_store import ConsumeQueueStore
-from mqstore.consumequeue.tail_writer import TailWriter
+from mqstore.consumequeue.tail_writer import SMALL_WRITE_UNITS, TailWriter
 from mqstore.dispatch.log_scan import SMALL_GROUP_UNITS, LogScan, QueueLike
 from mqstore.dispatch.waiters import Waiters
 
@@ -601,7 +601,8 @@ class Dispatcher:
             return 0
         slots, positions, sizes = slots[:taken], positions[:taken], sizes[:taken]
         queue_offsets, born, stored = queue_offsets[:taken], born[:taken], stored[:taken]
-        if slots.min() < 0:  # queues new to the TailWriter: their slots in one call
+        if (min(slots.tolist()) if taken <= SMALL_WRITE_UNITS else slots.min()) < 0:
+            # Queues new to the TailWriter: their slots in one call.
             missing = np.flatnonzero(slots < 0)
             entries = [work[head + index] for index in missing.tolist()]
             slots[missing] = tail.slots_of([(entry[2], entry[3]) for entry in entries])
