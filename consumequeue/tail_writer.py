@@ -49,7 +49,7 @@ slot each (a dict entry and a row of the per-slot arrays), not an object.
 from __future__ import annotations
 
 import itertools
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 
@@ -169,18 +169,23 @@ class TailWriter:
         its limit comes from the shared log alone (``shared_append_limits``)."""
         store = self._store
         count = len(queue_ids)
-        limits = store.shared_append_limits(topic, queue_ids) if self._sharing else [None] * count
-        if None in limits:
+        shared: list[int | None] = (
+            store.shared_append_limits(topic, queue_ids) if self._sharing else [None] * count
+        )
+        queues: list[ConsumeQueue | None]
+        limits: list[int]
+        if None in shared:
             # Queues the shared log cannot answer for (or all, with sharing off) are
             # built here, which validates them: the typed errors of
             # ConsumeQueueStore.queue.
             queues = [
                 store.queue(topic, queue_id) if limit is None else None
-                for queue_id, limit in zip(queue_ids, limits, strict=True)
+                for queue_id, limit in zip(queue_ids, shared, strict=True)
             ]
-            limits = list(map(_limit_of, queues, limits))
+            limits = list(map(_limit_of, queues, shared))
         else:  # the common case of many new queues: all in the shared log, no object
             queues = [None] * count
+            limits = cast(list[int], shared)
         first = len(self._queues)
         self._grow(first + count)
         topic_index = self._topic_index.get(topic)
