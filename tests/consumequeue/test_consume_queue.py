@@ -122,6 +122,24 @@ def test_get_range_is_a_read_only_view(open_store: StoreFactory) -> None:
     assert queue.get_range(0, 8)["size"][5] == 15
 
 
+def test_get_range_of_shared_units_reads_them_one_by_one_or_gathered(
+    open_store: StoreFactory,
+) -> None:
+    """A few units of the shared log are read one by one, more in one gather: the
+    same units either way, each a read-only array of UNIT."""
+    queue = open_store(shared_units_max=64).queue("t", 0)
+    fill(queue, 0, 30)
+    assert not os.path.exists(queue.directory)  # no own file: every unit is shared
+    for start, count in [(0, 1), (5, 12), (5, 13), (29, 1), (0, 30), (18, 100)]:
+        units = queue.get_range(start, count)
+        assert units.dtype == UNIT and not units.flags.writeable
+        expected = [(cl_of(o), 10 + o, 7 * o) for o in range(start, min(start + count, 30))]
+        assert [unit_tuple(unit) for unit in units] == expected
+    assert len(queue.get_range(30, 5)) == 0
+    with pytest.raises(OffsetOutOfRangeError):
+        queue.get_range(31, 1)
+
+
 def test_view_survives_eviction_and_close(open_store: StoreFactory) -> None:
     store = open_store(max_open_files=2)
     queue = store.queue("t", 0)

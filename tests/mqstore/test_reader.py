@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from mqstore import (
     CorruptDataError,
     InvalidArgumentError,
+    MessageBatch,
     MessageStore,
     OffsetOutOfRangeError,
     StoreConfig,
@@ -28,6 +30,7 @@ from mqstore import batch as batch_module
 from mqstore.commitlog import columns
 from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog_engine import KEY_PROPERTY
+from mqstore.consumequeue import ConsumeQueue
 from tests import strategies as s
 from tests.mqstore.conftest import SMALL
 
@@ -212,6 +215,57 @@ def test_max_bytes_bounds_the_records_but_one_always_comes(open_store) -> None:
     for bad in ({"max_messages": 0}, {"max_messages": 65_537}, {"max_bytes": 0}):
         with pytest.raises(InvalidArgumentError):
             store.get_batch("t", 0, 0, **{"max_messages": 5, **bad})
+
+
+def test_max_bytes_cuts_a_long_run_at_the_budget(open_store) -> None:
+    """Past the few units a list sums, the budget cuts with numpy: the same counts."""
+    store = open_store()
+    size = store.put_batch("t", 0, [b"x" * 100] * 200)[0].size
+    assert len(store.get_batch("t", 0, 0, 200, max_bytes=size * 50)) == 50
+    assert len(store.get_batch("t", 0, 0, 200, max_bytes=size * 50 + size - 1)) == 50
+    assert len(store.get_batch("t", 0, 0, 200, max_bytes=size * 200)) == 200
+    assert len(store.get_batch("t", 0, 0, 200, max_bytes=size * 100)) == 100  # 64 + 36
+
+
+def test_a_read_to_the_max_offset_asks_the_consume_queue_once(open_store, monkeypatch) -> None:
+    """get_range stops at max_offset and at a ConsumeQueue file's end: only the file's
+    end takes another call (a small read's fixed cost)."""
+    store = open_store(CONFIG)
+    store.put_batch("t", 0, [b"x"] * 100)  # ConsumeQueue files of 64 units
+    calls: list[tuple[int, int]] = []
+    get_range = ConsumeQueue.get_range
+
+    def counted(queue: ConsumeQueue, start: int, max_units: int) -> np.ndarray:
+        calls.append((start, max_units))
+        return get_range(queue, start, max_units)
+
+    monkeypatch.setattr(ConsumeQueue, "get_range", counted)
+    assert store.get_batch("t", 0, 99, 1000).queue_offsets.tolist() == [99]
+    assert [m.queue_offset for m in store.get("t", 0, 90, 500)] == list(range(90, 100))
+    assert calls == [(99, 1000), (90, 500)]
+    calls.clear()
+    assert store.get_batch("t", 0, 60, 1000).queue_offsets.tolist() == list(range(60, 100))
+    assert calls == [(60, 1000), (64, 996)]
+
+
+def test_every_array_of_a_batch_is_read_only(open_store) -> None:
+    """read_run's columns are views of one block, frozen before they are taken."""
+    store = open_store(CONFIG)
+    store.put_batch("t", 0, [b"ab"] * 70, properties=[[(KEY_PROPERTY, b"k")]] * 70)
+    for count in (1, 10, 70):  # one run; runs in two ConsumeQueue files, concatenated
+        batch = store.get_batch("t", 0, 0, count)
+        assert len(batch) == count
+        assert batch.kafka_keys() == [b"k"] * count and batch.kafka_key_valid.dtype == bool
+        arrays = [value for value in vars_of(batch) if isinstance(value, np.ndarray)]
+        assert len(arrays) == 12
+        for array in arrays:
+            assert not array.flags.writeable
+            with pytest.raises(ValueError):
+                array[:1] = 0
+
+
+def vars_of(batch: MessageBatch) -> list[Any]:
+    return [getattr(batch, field.name) for field in attrs.fields(MessageBatch)]
 
 
 def test_a_batch_outlives_its_store_and_is_read_only(open_store) -> None:
