@@ -19,7 +19,7 @@
  * below 4 KiB: a few records take less than a release and re-acquire, and a release
  * hands the GIL to any thread waiting for it (a point look-up such as the spot check
  * of offset_for_time would then wait out that thread's turn). */
-#define COLUMNS_GIL_RELEASE_RECORDS_MIN 16
+#define COLUMNS_GIL_RELEASE_RECORDS_MIN 256
 
 /* What every record of a read_columns run must be (its unit's record), and where. */
 typedef struct {

@@ -777,6 +777,39 @@ static inline int64_t row_index(const int64_t *row, int64_t offset) {
     return index > (uint64_t)TAIL_UNITS_IN_FILE_MAX ? -1 : (int64_t)index;
 }
 
+#define WRITE_UNITS_GIL_RELEASE_MIN 256
+
+/* write_units' loop (see there); returns the index of the first unit not written. */
+static Py_ssize_t write_units_loop(int64_t *table, Py_ssize_t rows, const int32_t *slots,
+                                   const int64_t *qoffs, const int64_t *clogs,
+                                   const int32_t *sizes, const int64_t *tags,
+                                   const int64_t *times, Py_ssize_t start, Py_ssize_t count) {
+    Py_ssize_t i = start;
+    for (; i < count; i++) {
+        int32_t slot = slots[i];
+        if (slot < 0 || slot >= rows) break;
+        int64_t *row = table + (Py_ssize_t)slot * TAIL_COLUMNS;
+        int64_t offset = qoffs[i];
+        int64_t index = row_index(row, offset);
+        if (index < 0 || clogs[i] <= row[TAIL_LAST_CLOG] || sizes[i] <= 0) break;
+        int64_t stamp = times[i];
+        uint8_t *times_at = (uint8_t *)(uintptr_t)row[TAIL_TIMES_ADDR] + index * 8;
+        memcpy(times_at, &stamp, 8);
+        uint8_t *block = (uint8_t *)(uintptr_t)row[TAIL_BLOCKS_ADDR] +
+                         (index / row[TAIL_INTERVAL]) * 8;
+        int64_t maximum;
+        memcpy(&maximum, block, 8);
+        if (maximum < stamp) memcpy(block, &stamp, 8);
+        uint8_t *unit = (uint8_t *)(uintptr_t)row[TAIL_UNITS_ADDR] + index * UNIT_SIZE;
+        memcpy(unit + UNIT_AT_COMMITLOG_OFFSET, &clogs[i], 8);
+        memcpy(unit + UNIT_AT_TAG_HASH, &tags[i], 8);
+        __atomic_store_n((int32_t *)(void *)(unit + UNIT_AT_SIZE), sizes[i], __ATOMIC_RELEASE);
+        row[TAIL_NEXT] = offset + 1;
+        row[TAIL_LAST_CLOG] = clogs[i];
+    }
+    return i;
+}
+
 /* write_units(table, slots, queue_offsets, commitlog_offsets, sizes, tag_hashes,
  *             timestamps, start) -> index
  * Append units[start:] (int32 slots, int64 columns but int32 sizes) at the tails of
@@ -812,34 +845,20 @@ static PyObject *py_write_units(PyObject *self, PyObject *const *args, Py_ssize_
     const int32_t *slots = views[1].buf, *sizes = views[4].buf;
     const int64_t *qoffs = views[2].buf, *clogs = views[3].buf, *tags = views[5].buf,
                   *times = views[6].buf;
-    Py_ssize_t i = start;
-    /* Without the GIL: the loop touches only the table and the mappings (the caller
-     * holds the ConsumeQueue lock and references to every mapped file), and a page
-     * fault on a queue file's next page then stalls only the dispatcher. */
-    Py_BEGIN_ALLOW_THREADS
-    for (; i < count; i++) {
-        int32_t slot = slots[i];
-        if (slot < 0 || slot >= rows) break;
-        int64_t *row = table + (Py_ssize_t)slot * TAIL_COLUMNS;
-        int64_t offset = qoffs[i];
-        int64_t index = row_index(row, offset);
-        if (index < 0 || clogs[i] <= row[TAIL_LAST_CLOG] || sizes[i] <= 0) break;
-        int64_t stamp = times[i];
-        uint8_t *times_at = (uint8_t *)(uintptr_t)row[TAIL_TIMES_ADDR] + index * 8;
-        memcpy(times_at, &stamp, 8);
-        uint8_t *block = (uint8_t *)(uintptr_t)row[TAIL_BLOCKS_ADDR] +
-                         (index / row[TAIL_INTERVAL]) * 8;
-        int64_t maximum;
-        memcpy(&maximum, block, 8);
-        if (maximum < stamp) memcpy(block, &stamp, 8);
-        uint8_t *unit = (uint8_t *)(uintptr_t)row[TAIL_UNITS_ADDR] + index * UNIT_SIZE;
-        memcpy(unit + UNIT_AT_COMMITLOG_OFFSET, &clogs[i], 8);
-        memcpy(unit + UNIT_AT_TAG_HASH, &tags[i], 8);
-        __atomic_store_n((int32_t *)(void *)(unit + UNIT_AT_SIZE), sizes[i], __ATOMIC_RELEASE);
-        row[TAIL_NEXT] = offset + 1;
-        row[TAIL_LAST_CLOG] = clogs[i];
+    Py_ssize_t i;
+    /* Without the GIL from WRITE_UNITS_GIL_RELEASE_MIN units on: the loop touches only
+     * the table and the mappings (the caller holds the ConsumeQueue lock and references
+     * to every mapped file), and a page fault on a queue file's next page then stalls
+     * only the dispatcher. A round of a few units (a waiting reader's own, issue 15)
+     * keeps it: dropping it hands the GIL to a writer thread until that thread blocks,
+     * tens of microseconds added to the reader's wake-up. */
+    if (count - start >= WRITE_UNITS_GIL_RELEASE_MIN) {
+        Py_BEGIN_ALLOW_THREADS i = write_units_loop(table, rows, slots, qoffs, clogs, sizes, tags,
+                                                    times, start, count);
+        Py_END_ALLOW_THREADS
+    } else {
+        i = write_units_loop(table, rows, slots, qoffs, clogs, sizes, tags, times, start, count);
     }
-    Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(i);
 done:
     while (got-- > 0) PyBuffer_Release(&views[got]);
