@@ -32,8 +32,12 @@ before it existed) is reported as missing.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
+import io
 import logging
 import os
+import pstats
 import shutil
 import statistics
 import sys
@@ -160,10 +164,11 @@ def run(root: str, messages: int, rounds: int) -> dict[str, Any]:
             print(f"  round {round_index + 1}: " + ", ".join(
                 f"{name} {rate / 1e6:.2f}M" for name, rate in this_round.items()
             ), flush=True)  # fmt: skip
+        profiles = _profile_misses(dict(jobs), ratios, messages)
     finally:
         env.close()
         store.close()
-    out: dict[str, Any] = {"lmdb": _summary(rates["lmdb"]), "cases": {}}
+    out: dict[str, Any] = {"lmdb": _summary(rates["lmdb"]), "cases": {}, "profiles": profiles}
     for case in CASES:
         out["cases"][case] = {}
         for name in READERS:
@@ -175,6 +180,62 @@ def run(root: str, messages: int, rounds: int) -> dict[str, Any]:
             entry["ratio_vs_lmdb"] = _summary(ratios[key])
             out["cases"][case][name] = entry
     return out
+
+
+def _profile_misses(
+    jobs: dict[str, Callable[[], int]], ratios: dict[str, list[float]], messages: int
+) -> dict[str, str]:
+    """A target's reader whose median ratio misses its goal gets a profile: one more
+    pass, untimed, under cProfile (top functions by own time), keyed "case/reader"."""
+    profiles = {}
+    for case, name, goal in TARGETS:
+        key = f"{case}/{name}"
+        if key not in jobs or statistics.median(ratios[key]) >= goal:
+            continue
+        collections_s, elapsed_s = _collection_time(jobs[key], messages)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        got = jobs[key]()
+        profiler.disable()
+        assert got == messages, (got, messages)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+        body = text.getvalue()
+        profiles[key] = (
+            f"garbage collections in one more pass of {key}, unprofiled: "
+            + ", ".join(f"generation {gen}: {count} taking {seconds * 1000:.0f} ms"
+                        for gen, (count, seconds) in sorted(collections_s.items()))
+            + f", of a {elapsed_s:.3f} s pass\n"
+            f"cProfile of another pass ({messages:,} messages), untimed:\n"
+            f"{body[body.find('   ncalls'):]}"
+        )  # fmt: skip
+    return profiles
+
+
+def _collection_time(
+    read: Callable[[], int], messages: int
+) -> tuple[dict[int, tuple[int, float]], float]:
+    """One pass of ``read`` with the garbage collector's collections timed
+    (``gc.callbacks``): per generation (count, seconds), and the pass's seconds."""
+    spent: dict[int, tuple[int, float]] = {}
+    started_at = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started_at[0] = time.perf_counter()
+            return
+        count, seconds = spent.get(info["generation"], (0, 0.0))
+        spent[info["generation"]] = (count + 1, seconds + time.perf_counter() - started_at[0])
+
+    gc.callbacks.append(timed)
+    try:
+        started = time.perf_counter()
+        got = read()
+        elapsed = time.perf_counter() - started
+    finally:
+        gc.callbacks.remove(timed)
+    assert got == messages, (got, messages)
+    return spent, elapsed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,9 @@ def _read_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             "target": f">= {target['goal_ratio']}x",
             "met": bool(target["met"]),
         })  # fmt: skip
+        profile = data.get("profiles", {}).get(f"{target['case']}/{target['reader']}")
+        if profile:
+            rows[-1]["profile"] = profile
     return rows
 
 

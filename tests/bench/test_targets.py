@@ -47,10 +47,12 @@ def test_read_targets_take_their_figures_from_the_cases(tmp_path) -> None:
         {"case": "1 queue", "reader": "get_batch", "goal_ratio": 1.0, "ratio": 1.5, "met": True},
         {"case": "1 queue", "reader": "get", "goal_ratio": 0.4, "ratio": None, "met": False},
     ]}  # fmt: skip
+    data["profiles"] = {"1 queue/get": "garbage collections ..."}  # the miss's profile
     _write(str(tmp_path), "read", data)
     rows = targets.collect(str(tmp_path))
     assert [r["value"] for r in rows] == [9.0e6, None]
     assert [r["met"] for r in rows] == [True, False]
+    assert rows[1]["profile"] == "garbage collections ..." and "profile" not in rows[0]
 
 
 def test_a_missing_or_foreign_result_gives_no_rows(tmp_path) -> None:
