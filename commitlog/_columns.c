@@ -570,6 +570,17 @@ static int tuple_class_ok(PyObject *cls) {
     return 1;
 }
 
+/* Whether every item of a row is untracked by the garbage collector (atomic, such as
+ * int, str, bytes, None, or a tuple of those that CPython untracked already): an
+ * immutable row of them can never be part of a reference cycle. */
+static int row_untrackable(PyObject *row, Py_ssize_t width) {
+    for (Py_ssize_t j = 0; j < width; j++) {
+        PyObject *item = PyTuple_GET_ITEM(row, j);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return 0;
+    }
+    return 1;
+}
+
 /* tuples(cls, columns) -> list
  * Row i is the cls (tuple or a subclass tuple.__new__ takes: a NamedTuple) of (columns[0][i],
  * columns[1][i], ...), made as tuple.__new__(cls, row) makes it but without the row
@@ -603,6 +614,14 @@ PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *list = PyList_New(count);
     if (list == NULL) return NULL;
     PyTypeObject *type = (PyTypeObject *)cls;
+    /* A row of a class without an instance dict (a NamedTuple: __slots__ = ()) holds
+     * only its items, like a tuple: it may leave the garbage collector's lists when no
+     * item is tracked, as CPython untracks such exact tuples itself (at their first
+     * collection; it never does it for subclasses). */
+    int untrackable = type->tp_dictoffset == 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) untrackable = 0;
+#endif
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *row = type->tp_alloc(type, width);
         if (row == NULL) {
@@ -623,6 +642,36 @@ PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             Py_INCREF(item);
             PyTuple_SET_ITEM(row, j, item);
         }
+        if (untrackable && row_untrackable(row, width)) PyObject_GC_UnTrack(row);
     }
     return list;
+}
+
+/* ------------------------------------------------------------ untracked_empty_list() */
+
+/* untracked_empty_list(obj) -> obj
+ * Takes an empty instance of a list subclass without an instance dict (a read-only
+ * empty list, such as the headers every record without headers shares) out of the
+ * cyclic GC, so that a tuples() row holding it may leave it too. An object that is
+ * not that: TypeError. Refusing anything else keeps the function from untracking a
+ * container that can hold others; an empty list the caller keeps read-only cannot. */
+PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "untracked_empty_list(obj)");
+        return NULL;
+    }
+    PyObject *obj = args[0];
+    PyTypeObject *type = Py_TYPE(obj);
+    int ok = PyList_Check(obj) && type != &PyList_Type && PyList_GET_SIZE(obj) == 0 &&
+             type->tp_dictoffset == 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) ok = 0;
+#endif
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "untracked_empty_list: not an empty instance of a "
+                                         "list subclass without an instance dict");
+        return NULL;
+    }
+    if (PyObject_GC_IsTracked(obj)) PyObject_GC_UnTrack(obj);
+    return Py_NewRef(obj);
 }

@@ -69,7 +69,16 @@ pure-Python rows are ordinary objects.
 ``tuple.__new__`` takes: a NamedTuple) of ``(columns[0][i], columns[1][i], ...)``, as
 ``tuple.__new__(cls, row)`` would, without the row tuple: ``columns`` is a tuple of
 lists of one length (their number is not checked against the NamedTuple's fields, as
-tuple.__new__ does not check it).
+tuple.__new__ does not check it). In C, a row of a class without an instance dict
+whose items are all out of the cyclic GC (ints, str, bytes, None, an untracked empty
+list...) leaves it too, as CPython untracks such exact tuples at their first
+collection (never subclasses): a consumer holding a poll's records then costs the
+collector nothing (issue 15: collections were half of ``KafkaConsumer.poll``).
+
+``untracked_empty_list(obj) -> obj`` takes an empty instance of a list subclass
+without an instance dict out of the cyclic GC (C; the twin returns it as it is), for
+one read-only empty list many rows share (mqstore.engine.NO_HEADERS). Anything else
+is a TypeError.
 """
 
 from __future__ import annotations
@@ -117,6 +126,8 @@ __all__ = [
     "slices_py",
     "tuples",
     "tuples_py",
+    "untracked_empty_list",
+    "untracked_empty_list_py",
 ]
 
 #: Why read_columns stopped (the C enum COLUMNS_* in commitlog/_native.h).
@@ -362,6 +373,17 @@ def tuples_py(cls: type[tuple[Any, ...]], columns: tuple[list[Any], ...]) -> lis
     return [tuple.__new__(cls, row) for row in zip(*columns, strict=True)]
 
 
+def untracked_empty_list_py(obj: list[Any]) -> list[Any]:
+    """The pure-Python ``untracked_empty_list``: the same checks; Python cannot untrack."""
+    kind = type(obj)
+    if not isinstance(obj, list) or kind is list or obj or hasattr(obj, "__dict__"):
+        raise TypeError(
+            "untracked_empty_list: not an empty instance of a list subclass without an "
+            "instance dict"
+        )
+    return obj
+
+
 #: The constants commitlog/_native.h keeps a copy of, checked at import.
 LAYOUT: Final = {
     name: value
@@ -385,8 +407,10 @@ if NATIVE is None:
     slices = slices_py
     rows = rows_py
     tuples = tuples_py
+    untracked_empty_list = untracked_empty_list_py
 else:
     read_columns = NATIVE.read_columns
     slices = NATIVE.slices
     rows = NATIVE.rows
     tuples = NATIVE.tuples
+    untracked_empty_list = NATIVE.untracked_empty_list

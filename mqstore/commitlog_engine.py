@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -38,6 +37,7 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.engine import (
+    NO_HEADERS,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     AppendedRecord,
@@ -587,7 +587,7 @@ def _engine_batch(batch: MessageBatch, log_append: bool) -> EngineBatch:
     """A batch's records as Kafka records (see the module docstring for the mapping):
     one list per field, made by C loops (``values``, ``kafka_keys``, ``tolist``)."""
     count = len(batch)
-    headers: list[list[tuple[str, bytes]]] = list(map(list, repeat((), count)))  # one each
+    headers: list[list[tuple[str, bytes]]] = [NO_HEADERS] * count  # shared, read-only
     header_sizes = [0] * count
     for row in batch.header_rows():
         pairs = headers[row] = batch.headers(row)

@@ -58,7 +58,12 @@ import numpy as np
 from crc32c import crc32c
 
 from mqstore.commitlog.native import NATIVE
-from mqstore.engine import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, EngineRecord
+from mqstore.engine import (
+    NO_HEADERS,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    EngineRecord,
+)
 from mqstore.segmented.compression import CODEC_NAMES, InflateError, inflate
 
 __all__ = [
@@ -554,7 +559,7 @@ def _decode_batch(
                 value = buffer[cursor : cursor + value_size]
                 cursor += value_size
             if buffer[cursor] == 0:  # no headers, the usual case
-                headers: list[tuple[str, bytes]] = []
+                headers: list[tuple[str, bytes]] = NO_HEADERS
                 header_size, cursor = -1, cursor + 1
             else:
                 header_count, cursor = varint(buffer, cursor)

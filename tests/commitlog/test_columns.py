@@ -301,6 +301,52 @@ def test_tuples_makes_named_tuples_as_tuple_new_does() -> None:
                 tuples(cls, cols)
 
 
+@native
+def test_c_tuples_leave_the_gc_when_nothing_in_them_is_tracked() -> None:
+    """A row of a class without an instance dict whose items are all untracked (ints,
+    str, bytes, None, an untracked empty list) is untracked, as CPython untracks such
+    exact tuples; a row holding a tracked item, or of a class with a dict, is not."""
+    assert NATIVE is not None
+
+    class WithDict(tuple):  # type: ignore[type-arg]
+        pass
+
+    empty = NATIVE.untracked_empty_list(_EmptyList())
+    made = NATIVE.tuples(_Pair, ([1, 2, 3, 4], ["a", b"b", None, empty]))
+    assert not any(gc.is_tracked(pair) for pair in made)
+    held = NATIVE.tuples(_Pair, ([1, 2], [[5], [object()]]))  # lists: tracked items
+    assert all(gc.is_tracked(pair) for pair in held)
+    assert all(gc.is_tracked(row) for row in NATIVE.tuples(WithDict, ([1],)))
+    del made, held
+    gc.collect()
+
+
+class _EmptyList(list):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance() -> None:
+    """C and twin refuse alike: a plain list, a non-empty one, one with an instance
+    dict, anything else. C then leaves the cyclic GC for the one it takes."""
+
+    class WithDict(list):  # type: ignore[type-arg]
+        pass
+
+    implementations = [columns.untracked_empty_list_py]
+    if NATIVE is not None:
+        implementations.append(NATIVE.untracked_empty_list)
+    for untracked in implementations:
+        empty = _EmptyList()
+        assert untracked(empty) is empty
+        full = _EmptyList()
+        full.append(1)
+        for refused in ([], full, WithDict(), (), "x", None):
+            with pytest.raises(TypeError):
+                untracked(refused)
+    if NATIVE is not None:
+        assert not gc.is_tracked(NATIVE.untracked_empty_list(_EmptyList()))
+
+
 # ------------------------------------------------------------------ the C Row
 
 

@@ -17,6 +17,7 @@ AddressSanitizer and UndefinedBehaviorSanitizer, which turn each into a failure.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import struct
@@ -594,6 +595,32 @@ def test_fuzz_tuples(lists: list, data: st.DataObject) -> None:
     c_out = _c("tuples", cls, shaped)
     py_out = _call(columns.tuples_py, cls, shaped, errors=PY_ERRORS)
     _agree(c_out, py_out)
+
+
+class _EmptyHeaders(list):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+class _ListWithDict(list):  # type: ignore[type-arg]
+    pass
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_untracked_empty_list(data: st.DataObject) -> None:
+    """Everything but an empty instance of a list subclass without a dict is refused,
+    by C as by the twin: lists plain or full, subclasses with a dict, other objects."""
+    assert NATIVE is not None
+    makers = [
+        _EmptyHeaders, list, lambda: _EmptyHeaders([1]), _ListWithDict, tuple, dict,
+        lambda: data.draw(st.integers() | st.binary() | st.none() | st.text()),
+    ]  # fmt: skip
+    subject = data.draw(st.sampled_from(makers))()
+    c_out = _c("untracked_empty_list", subject)
+    py_out = _call(columns.untracked_empty_list_py, subject, errors=PY_ERRORS)
+    assert c_out[0] == py_out[0], (c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_out[1] is subject and not gc.is_tracked(subject)
 
 
 # -------------------------------------------------------------------- write_units

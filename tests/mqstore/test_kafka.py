@@ -5,6 +5,7 @@ test_kafka_producer.py."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -22,6 +23,8 @@ from mqstore import (
     TopicPartition,
     UnknownTopicError,
 )
+from mqstore.commitlog.native import NATIVE
+from mqstore.engine import NO_HEADERS
 from tests.mqstore.engines import ENGINES, open_engine
 
 
@@ -89,6 +92,33 @@ def test_record_fields_round_trip(engine):
     assert first.headers == [("h1", b"a"), ("h2", b"")]
     assert first.timestamp_type == 0
     assert (second.offset, second.key, second.value) == (tomb.offset, "gone", None)
+
+
+def test_records_without_headers_share_read_only_empty_headers(engine):
+    """A record read back without headers holds NO_HEADERS: it equals [] and is a
+    list, as kafka-python's, refuses changes, and (C build) neither it nor the
+    ConsumerRecord holding it is walked by the cyclic GC. A record with headers keeps
+    a list of its own."""
+    engine.create_topic("plain", 1)
+    producer = KafkaProducer(engine)
+    producer.send("plain", b"a", partition=0).get()
+    producer.send("plain", b"b", partition=0, headers=[("h", b"x")]).get()
+    consumer = KafkaConsumer(store=engine, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("plain", 0)])
+    bare, headed = _drain(consumer, 2)
+    assert bare.headers == [] and isinstance(bare.headers, list)
+    assert bare.headers is NO_HEADERS
+    with pytest.raises(TypeError):
+        bare.headers.append(("h", b"y"))
+    with pytest.raises(TypeError):
+        bare.headers += [("h", b"y")]
+    assert list(bare.headers) == [] and NO_HEADERS == []
+    assert headed.headers == [("h", b"x")] and headed.headers is not NO_HEADERS
+    headed.headers.append(("mine", b""))  # its own list
+    if NATIVE is not None:
+        assert not gc.is_tracked(NO_HEADERS)
+        assert not gc.is_tracked(bare)
+        assert gc.is_tracked(headed)
 
 
 def test_seek_commit_and_committed_across_reopen(engine_factory):
