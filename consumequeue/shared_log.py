@@ -199,7 +199,30 @@ class SharedUnitLog:
             DiskFullError, StoreError: nothing of this call was written.
         """
         assert not self.read_only
-        count = self._appendable(queue_ids, queue_offsets, commitlog_offsets)
+        total = self._ordered_prefix(commitlog_offsets)
+        if total == 0:
+            return 0
+        # One pass takes each unit while it is the next of its queue's run (after the
+        # call's unit before it, which it has appended already) and adds it to the run
+        # at once: the runs are set back if the write then fails. (A check per distinct
+        # queue before a pass to append cost two per-unit loops: issue 15.)
+        first = self._end
+        runs = self.runs
+        find = runs.get
+        started: dict[int, SharedRun | None] = {}  # runs begun here: what they replaced
+        count = 0
+        for queue_id, queue_offset in zip(
+            queue_ids[:total].tolist(), queue_offsets[:total].tolist(), strict=True
+        ):
+            run = find(queue_id)
+            if not run:  # None, or empty: may start anywhere
+                runs[queue_id] = SharedRun(queue_offset, first + count)
+                started[queue_id] = run
+            elif run.first_offset + len(run) == queue_offset:
+                run.append(first + count)
+            else:
+                break
+            count += 1
         if count == 0:
             return 0
         records = np.empty(count, dtype=SHARED_RECORD)
@@ -210,60 +233,31 @@ class SharedUnitLog:
         records["queue_offset"] = queue_offsets[:count]
         records["timestamp_ms"] = timestamps_ms[:count]
         assert (records["size"] > 0).all()
-        first = self._end
-        self._write_records(first, records)
-        runs = self.runs
-        find = runs.get
-        for queue_id, queue_offset, position in zip(
-            queue_ids[:count].tolist(),
-            queue_offsets[:count].tolist(),
-            range(first, first + count),
-            strict=True,
-        ):
-            run = find(queue_id)
-            if not run:  # None or empty
-                runs[queue_id] = SharedRun(queue_offset, position)
-            else:
-                run.append(position)
+        try:
+            self._write_records(first, records)
+        except BaseException:
+            for queue_id in queue_ids[:count].tolist():
+                runs[queue_id].pop()
+            for queue_id, replaced in started.items():
+                if replaced is None:
+                    del runs[queue_id]
+                else:
+                    runs[queue_id] = replaced
+            raise
         self._last_commitlog_offset = int(commitlog_offsets[count - 1])
         return count
 
-    def _appendable(
-        self, queue_ids: np.ndarray, queue_offsets: np.ndarray, commitlog_offsets: np.ndarray
-    ) -> int:
-        """The length of the prefix ``append`` may take (see there): the units before
-        the first that is out of commitlog order, or not the next of its queue (after
-        the queue's unit before it in the call, else after its run unless empty).
-        Vectorized: a Python step per distinct queue, none per unit."""
-        total = len(queue_ids)
-        if total == 0:
-            return 0
-        clogs = commitlog_offsets
-        if int(clogs[0]) <= self._last_commitlog_offset:
+    def _ordered_prefix(self, commitlog_offsets: np.ndarray) -> int:
+        """How many units, from the first, keep the log in commitlog order (each above
+        the log's last commitlog offset and the unit before it)."""
+        total = len(commitlog_offsets)
+        if total == 0 or int(commitlog_offsets[0]) <= self._last_commitlog_offset:
             return 0
         if total > 1:
-            out_of_order = np.flatnonzero(clogs[1:] <= clogs[:-1])
+            out_of_order = np.flatnonzero(commitlog_offsets[1:] <= commitlog_offsets[:-1])
             if len(out_of_order):
                 total = int(out_of_order[0]) + 1
-        ids = np.asarray(queue_ids[:total], dtype=np.int64)
-        offsets = np.asarray(queue_offsets[:total], dtype=np.int64)
-        order = np.argsort(ids, kind="stable")  # per queue, in call order
-        sorted_ids, sorted_offsets = ids[order], offsets[order]
-        same = sorted_ids[1:] == sorted_ids[:-1]
-        stops = [order[1:][same & (sorted_offsets[1:] != sorted_offsets[:-1] + 1)]]
-        firsts = order[np.concatenate(([True], ~same))]  # each queue's first unit
-        runs = self.runs
-        ends = np.fromiter(
-            (
-                -1 if run is None or not run.positions else run.end
-                for run in map(runs.get, ids[firsts].tolist())
-            ),
-            dtype=np.int64,
-            count=len(firsts),
-        )  # -1: no run, or an empty one, which may start anywhere
-        stops.append(firsts[(ends >= 0) & (ends != offsets[firsts])])
-        stop = np.concatenate(stops)
-        return int(stop.min()) if len(stop) else total
+        return total
 
     def _write_records(self, first: int, records: np.ndarray) -> None:
         """pwrite records from record index ``first``, file by file, blocks reserved first."""

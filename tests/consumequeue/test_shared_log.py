@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog.errors import CorruptDataError
+from mqstore.commitlog.errors import CorruptDataError, DiskFullError
 from mqstore.consumequeue.format import (
     SHARED_RECORD,
     SHARED_RECORD_SIZE_BYTES,
@@ -359,7 +359,7 @@ def _appendable_reference(log: SharedUnitLog, ids: list[int], offsets: list[int]
     )
 )
 def test_append_takes_the_prefix_the_unit_rule_allows(calls) -> None:
-    """Issue 15: ``append``'s vectorized check takes exactly the prefix a unit-by-unit
+    """Issue 15: ``append``'s check takes exactly the prefix a unit-by-unit
     check takes: in commitlog order, each unit the next of its queue (after the unit
     before it in the call, else after its run), whatever the mix of queues."""
     with tempfile.TemporaryDirectory() as root:
@@ -444,3 +444,34 @@ def test_a_run_is_one_object_for_the_garbage_collector():
     assert tracked == []
     assert not SharedRun(5)  # empty: falsy, ends at its first offset
     assert SharedRun(5).end == 5
+
+
+def test_a_failed_write_leaves_the_runs_as_they_were(tmp_path: Any, monkeypatch) -> None:
+    """``append`` adds to the runs as it checks the units; a write that fails (a full
+    disk) sets every run back: an extended one, one begun by the call, and an empty
+    one a call restarted elsewhere."""
+    shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
+    try:
+        assert shared.append(*_columns([(0, 0, 100, 9, 0, 5), (1, 0, 101, 9, 0, 5)])) == 2
+        shared.restart_queue(1, 7)  # queue 1: an empty run ending at 7
+        before = {qid: (run.first_offset, run.min_offset, list(run))
+                  for qid, run in shared.runs.items()}  # fmt: skip
+        emptied = shared.runs[1]
+
+        def full(*_args: Any) -> None:
+            raise DiskFullError(28, "no space left on device")
+
+        monkeypatch.setattr(shared, "_write_records", full)
+        rows = [(0, 1, 102, 9, 0, 5), (2, 0, 103, 9, 0, 5), (1, 20, 104, 9, 0, 5),
+                (0, 2, 105, 9, 0, 5), (2, 1, 106, 9, 0, 5)]  # fmt: skip
+        with pytest.raises(DiskFullError):
+            shared.append(*_columns(rows))  # type: ignore[arg-type]
+        after = {qid: (run.first_offset, run.min_offset, list(run))
+                 for qid, run in shared.runs.items()}  # fmt: skip
+        assert after == before and shared.runs[1] is emptied and 2 not in shared.runs
+        assert shared.end_record == 2
+        monkeypatch.undo()
+        assert shared.append(*_columns(rows)) == 5  # type: ignore[arg-type]
+        assert list(shared.runs[0]) == [0, 2, 5] and shared.runs[1].first_offset == 20
+    finally:
+        shared.close()
