@@ -28,6 +28,7 @@ first stage.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,9 +44,14 @@ from mqstore import MessageStore
 __all__ = ["follower_process", "stages_text"]
 
 
-def _table(title: str, stages: dict[str, np.ndarray], warmup: int) -> str:
-    """Per stage p50, p90, p99 (µs), and the stages of the slowest 1% of messages."""
-    total = sum(stages.values())
+def _table(title: str, names: tuple[str, ...], stamps: list[np.ndarray], warmup: int) -> str:
+    """Per stage (``names``, then "get_batch": the differences of consecutive
+    ``stamps``, ns per message) p50, p90, p99 in µs, and the stages' means over the
+    slowest 1% of messages."""
+    stages = {name: (later - earlier) / 1e3
+              for name, earlier, later in zip((*names, "get_batch"), stamps[:-1], stamps[1:],
+                                              strict=True)}  # fmt: skip
+    total = (stamps[-1] - stamps[0]) / 1e3
     slow = np.argsort(total[warmup:])[-max(1, (len(total) - warmup) // 100) :] + warmup
     lines = [title, f"{'stage':28} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'slowest 1%':>11}"]
     for name, values in stages.items():
@@ -55,14 +61,38 @@ def _table(title: str, stages: dict[str, np.ndarray], warmup: int) -> str:
     return "\n".join(lines)
 
 
-def _same_process(count: int, rate: int, warmup: int, config: Any, paced: Callable[..., Any],
-                  topic: str, body: bytes) -> str:  # fmt: skip
+def _read_stamped(
+    store: MessageStore, topic: str, count: int, stamp: Callable[[slice, int, int, int], None]
+) -> None:
+    """Read offsets 1 .. count of (topic, 0) by ``wait_for`` then ``get_batch``; after
+    each read ``stamp(rows, wait_for returned, get_batch returned, the read before
+    returned)``, ``rows`` the messages' indexes (offset - 1)."""
+    offset, last, previous = 1, count + 1, 0
+    while offset < last:
+        if not store.wait_for(topic, 0, offset, 2_000):
+            continue
+        returned = time.perf_counter_ns()
+        got = len(store.get_batch(topic, 0, offset, min(1_000, last - offset)))
+        now = time.perf_counter_ns()
+        stamp(slice(offset - 1, offset - 1 + got), returned, now, previous)
+        previous = now
+        offset += got
+
+
+def _writer(config: Any, topic: str, body: bytes) -> tuple[str, MessageStore, Any]:
+    """A fresh store in a temp dir with (topic, 0) created by one put: (root, store,
+    its dispatcher)."""
     root = tempfile.mkdtemp(prefix="mqstore-vis-stages-")
     store = MessageStore.open(root, config)
+    store.put(topic, 0, body)
+    assert store._dispatcher is not None
+    return root, store, store._dispatcher
+
+
+def _same_process(count: int, rate: int, warmup: int, config: Any, paced: Callable[..., Any],
+                  topic: str, body: bytes) -> str:  # fmt: skip
+    root, store, dispatcher = _writer(config, topic, body)
     try:
-        store.put(topic, 0, body)
-        dispatcher = store._dispatcher
-        assert dispatcher is not None
         round_starts: list[int] = []
         round_ends: list[int] = []
         helper = dispatcher._help_from_reader
@@ -78,22 +108,15 @@ def _same_process(count: int, rate: int, warmup: int, config: Any, paced: Callab
         start = np.zeros(count, dtype=np.int64)
         end = np.zeros(count, dtype=np.int64)
 
+        def stamp(rows: slice, returned: int, now: int, previous: int) -> None:
+            ready[rows], read[rows] = returned, now
+            if round_ends and round_ends[-1] > previous:  # this wait ran a round
+                start[rows], end[rows] = round_starts[-1], round_ends[-1]
+            else:  # another thread's round: no round in this reader's wait
+                start[rows] = end[rows] = returned
+
         def reader() -> None:
-            offset, last, previous = 1, count + 1, 0
-            while offset < last:
-                if not store.wait_for(topic, 0, offset, 2_000):
-                    continue
-                returned = time.perf_counter_ns()
-                got = len(store.get_batch(topic, 0, offset, min(1_000, last - offset)))
-                now = time.perf_counter_ns()
-                rows = slice(offset - 1, offset - 1 + got)
-                ready[rows], read[rows] = returned, now
-                if round_ends and round_ends[-1] > previous:  # this wait ran a round
-                    start[rows], end[rows] = round_starts[-1], round_ends[-1]
-                else:  # another thread's round: no round in this reader's wait
-                    start[rows] = end[rows] = returned
-                previous = now
-                offset += got
+            _read_stamped(store, topic, count, stamp)
 
         thread = threading.Thread(target=reader)
         thread.start()
@@ -101,16 +124,11 @@ def _same_process(count: int, rate: int, warmup: int, config: Any, paced: Callab
         thread.join(60)
     finally:
         store.close()
-    stages = {
-        "put -> round start": (start - put) / 1e3,
-        "round (reader's thread)": (end - start) / 1e3,
-        "round end -> wait_for": (ready - end) / 1e3,
-        "get_batch": (read - ready) / 1e3,
-    }
-    return _table(
-        f"Stages of a same-process run ({count:,} messages at {rate:,} msg/s; "
-        f"{len(round_starts):,} rounds in the reader's thread):", stages, warmup,
-    )  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
+    title = (f"Stages of a same-process run ({count:,} messages at {rate:,} msg/s; "
+             f"{len(round_starts):,} rounds in the reader's thread):")  # fmt: skip
+    names = ("put -> round start", "round (reader's thread)", "round end -> wait_for")
+    return _table(title, names, [put, start, end, ready, read], warmup)
 
 
 def follower_process(root: str, count: int, topic: str) -> None:
@@ -129,30 +147,21 @@ def follower_process(root: str, count: int, topic: str) -> None:
     store = MessageStore.open(root, read_only=True)
     print("ready", flush=True)
     stamps = np.zeros((3, count), dtype=np.int64)
-    offset, last, previous = 1, count + 1, 0
-    while offset < last:
-        if not store.wait_for(topic, 0, offset, 2_000):
-            continue
-        returned = time.perf_counter_ns()
-        got = len(store.get_batch(topic, 0, offset, min(1_000, last - offset)))
-        rows = slice(offset - 1, offset - 1 + got)
+
+    def stamp(rows: slice, returned: int, now: int, previous: int) -> None:
         slept = bool(wakes) and wakes[-1] > previous  # else it found the message awake
         stamps[0, rows] = wakes[-1] if slept else returned
-        stamps[1, rows] = returned
-        stamps[2, rows] = previous = time.perf_counter_ns()
-        offset += got
+        stamps[1, rows], stamps[2, rows] = returned, now
+
+    _read_stamped(store, topic, count, stamp)
     store.close()
     np.save(os.path.join(root, "stages.npy"), stamps)
 
 
 def _other_process(count: int, rate: int, warmup: int, config: Any, paced: Callable[..., Any],
                    topic: str, body: bytes) -> str:  # fmt: skip
-    root = tempfile.mkdtemp(prefix="mqstore-vis-stages-")
-    store = MessageStore.open(root, config)
+    root, store, dispatcher = _writer(config, topic, body)
     try:
-        store.put(topic, 0, body)
-        dispatcher = store._dispatcher
-        assert dispatcher is not None
         queue = store.consume_queues.queue(topic, 0)
         rounds: list[tuple[int, int]] = []
         bump = dispatcher._round_listener
@@ -178,21 +187,16 @@ def _other_process(count: int, rate: int, warmup: int, config: Any, paced: Calla
         wake, ready, read = np.load(os.path.join(root, "stages.npy"))
     finally:
         store.close()
+        shutil.rmtree(root, ignore_errors=True)
     ends = np.array([stamp for stamp, _ in rounds], dtype=np.int64)
     highs = np.array([high for _, high in rounds], dtype=np.int64)
     # Message i is offset i + 1: readable after the first round whose max offset passed it.
     covering = np.minimum(np.searchsorted(highs, np.arange(count) + 2), len(ends) - 1)
     round_end = ends[covering]
-    stages = {
-        "put -> round end": (round_end - put) / 1e3,
-        "round end -> follower wakes": (wake - round_end) / 1e3,
-        "wake -> wait_for": (ready - wake) / 1e3,
-        "get_batch": (read - ready) / 1e3,
-    }
-    return _table(
-        f"Stages of an other-process run ({count:,} messages at {rate:,} msg/s; "
-        f"{len(rounds):,} rounds):", stages, warmup,
-    )  # fmt: skip
+    title = (f"Stages of an other-process run ({count:,} messages at {rate:,} msg/s; "
+             f"{len(rounds):,} rounds):")  # fmt: skip
+    names = ("put -> round end", "round end -> follower wakes", "wake -> wait_for")
+    return _table(title, names, [put, round_end, wake, ready, read], warmup)
 
 
 def stages_text(kind: str, count: int, rate: int, warmup: int, config: Any,
