@@ -28,6 +28,7 @@ from mqstore.commitlog import lock
 from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.consumequeue import file_cache, shared_log
 from mqstore.consumequeue.format import TIME_HEADER_SIZE_BYTES
+from mqstore.indexfile import IndexService
 from tests.mqstore.conftest import SMALL
 
 
@@ -234,6 +235,105 @@ def test_a_crash_reopen_syncs_nothing_it_cannot_claim(tmp_path, small_config, mo
         assert after is not None
         assert after.dispatched_position > before.dispatched_position
         assert after.dispatched_position == store._dispatcher.position
+
+
+def test_a_crash_reopen_that_rewrites_below_the_claim_syncs_it(tmp_path, small_config, monkeypatch):
+    """A crash reopen that re-dispatches from below the checkpoint's claim (here the
+    index was lost, so the whole log is dispatched again) syncs what it wrote before
+    the checkpoint vouches for it; one that starts at the claim syncs nothing
+    (test_a_crash_reopen_syncs_nothing_it_cannot_claim)."""
+    path = tmp_path / "s"
+    store = MessageStore.open(path, small_config)
+    for i in range(400):
+        store.put("t", i % 2, b"%d" % i, keys=[f"k{i}"])
+    _wait_max_offset(store, "t", 1, 200)
+    store._write_checkpoint(derived=True)
+    store._crash()
+    before = CheckpointFile(str(path), read_only=True).load()
+    assert before is not None and before.dispatched_position > 0
+    shutil.rmtree(path / "index")
+    flushes: list[str] = []
+    real_flush = IndexService.flush
+
+    def counting(self, *args, **kwargs):
+        flushes.append("index")
+        return real_flush(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndexService, "flush", counting)
+    with MessageStore.open(path, small_config) as store:
+        assert store.recovered_from_crash
+        assert store._redispatched_from < before.dispatched_position
+        assert flushes  # at open: the rebuilt index was synced
+        at_open = CheckpointFile(str(path), read_only=True).load()
+        assert at_open is not None
+        assert at_open.dispatched_position <= store._dispatcher.position
+        assert [bytes(m.body) for m in store.query_by_key("t", "k77", 0, 2**62, 5)] == [b"77"]
+
+
+def _wait_max_offset(store: MessageStore, topic: str, queue_id: int, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while store.max_offset(topic, queue_id) < count:
+        assert time.monotonic() < deadline, "not dispatched"
+        time.sleep(0.005)
+
+
+def test_a_crash_reopen_lowers_a_claim_above_the_recovered_log(tmp_path, monkeypatch):
+    """Async flush lets the dispatcher run ahead of the CommitLog's flush, so a
+    checkpoint may claim units of records a power cut then takes. The reopen lowers
+    the claim to the recovered log's end on disk: left above it, the claim would
+    vouch for the units of records appended there after the reopen, never synced,
+    and a second power cut would lose acknowledged, flushed messages."""
+    config = StoreConfig(
+        commitlog_file_size_bytes=256 * 1024, consumequeue_units_per_file=64,
+        index_slot_count=64, index_entry_count=512, prewarm=False,
+        checkpoint_interval_ms=600_000, consumequeue_shared_units_max=0,
+        flush_mode="async", flush_interval_ms=60_000,
+    )  # fmt: skip
+    path = str(tmp_path / "s")
+    store = MessageStore.open(path, config)
+    for i in range(50):
+        store.put("t", 0, b"a%03d" % i)
+    store.commitlog.flush_to(store.commitlog.write_position)
+    durable_end = store.commitlog.write_position
+    for i in range(50, 100):
+        store.put("t", 0, b"a%03d" % i)
+    _wait_max_offset(store, "t", 0, 100)
+    store._write_checkpoint(derived=True)
+    first = CheckpointFile(path, read_only=True).load()
+    assert first is not None and first.dispatched_position > durable_end
+    store._crash()
+    # A power cut: the CommitLog's unsynced tail is lost.
+    (log_file,) = os.listdir(os.path.join(path, "commitlog"))
+    with open(os.path.join(path, "commitlog", log_file), "r+b") as file:
+        file.seek(durable_end)
+        file.write(bytes(first.dispatched_position - durable_end + 4096))
+    monkeypatch.setattr(lock, "boot_id", lambda: "after-a-reboot")
+
+    store = MessageStore.open(path, config)
+    end = store.commitlog.write_position
+    assert store.max_offset("t", 0) == 50
+    on_disk = CheckpointFile(path, read_only=True).load()
+    assert on_disk is not None and on_disk.dispatched_position <= end
+    for i in range(30):  # acknowledged and flushed, below the old claim
+        store.put("t", 0, b"b%03d" % i)
+    store.commitlog.flush_to(store.commitlog.write_position)
+    assert store.commitlog.flushed_position <= first.dispatched_position
+    _wait_max_offset(store, "t", 0, 80)
+    store._crash()
+    # A second power cut: the queue's units written since the reopen were never synced.
+    queue_dir = os.path.join(path, "consumequeue", "t", "0")
+    units = sorted(name for name in os.listdir(queue_dir) if "." not in name)
+    with open(os.path.join(queue_dir, units[0]), "r+b") as file:
+        file.seek(50 * 20)
+        file.write(bytes(14 * 20))
+    for name in units[1:]:
+        os.remove(os.path.join(queue_dir, name))
+    monkeypatch.setattr(lock, "boot_id", lambda: "after-another-reboot")
+    with MessageStore.open(path, config) as store:
+        assert store.max_offset("t", 0) == 80
+        assert [bytes(m.body) for m in store.get("t", 0, 50, 30)] == [
+            b"b%03d" % i for i in range(30)
+        ]
 
 
 def test_every_consumequeue_file_deleted_is_rebuilt(tmp_path, small_config):
