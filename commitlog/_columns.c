@@ -15,11 +15,14 @@
 
 #include <structmember.h> /* PyMemberDef's T_OBJECT, T_PYSSIZET, READONLY (3.11) */
 
-/* A run of fewer records is checked and copied with the GIL held, as xxh64() keeps it
- * below 4 KiB: a few records take less than a release and re-acquire, and a release
- * hands the GIL to any thread waiting for it (a point look-up such as the spot check
- * of offset_for_time would then wait out that thread's turn). */
+/* A run of fewer records, and of fewer bytes, is checked and copied with the GIL held,
+ * as xxh64() keeps it below 4 KiB: a few records take less than a release and
+ * re-acquire, and a release hands the GIL to any thread waiting for it (a point look-up
+ * such as the spot check of offset_for_time would then wait out that thread's turn).
+ * The byte bound keeps a few large records (up to the store's message size limit
+ * each) from holding the GIL for milliseconds: 1 MiB is about 100 us of checksum. */
 #define COLUMNS_GIL_RELEASE_RECORDS_MIN 256
+#define COLUMNS_GIL_RELEASE_BYTES_MIN (1 << 20)
 
 /* What every record of a read_columns run must be (its unit's record), and where. */
 typedef struct {
@@ -137,6 +140,18 @@ typedef struct {
 
 static inline int64_t *out_row(const Columns *run, int row) { return run->out + row * run->width; }
 
+/* Whether a run is worth dropping the GIL for (see COLUMNS_GIL_RELEASE_*). A size is
+ * not trusted here (check_run judges it): a negative one counts as nothing. */
+static int run_releases_gil(const Columns *run) {
+    if (run->count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) return 1;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < run->count; i++) {
+        if (run->sizes[i] > 0) total += run->sizes[i];
+        if (total >= COLUMNS_GIL_RELEASE_BYTES_MIN) return 1;
+    }
+    return 0;
+}
+
 /* Pass one (no GIL): check every record, fill the fixed columns and the three
  * offset columns. Each length is at most 2**32 - 1 and count < 2**31, so no offset
  * can wrap. Returns the first bad index (and *reason), or -1. */
@@ -249,7 +264,8 @@ static PyObject *gather_run(const Expect *e, const Columns *run) {
     Sink key_sink = {(uint8_t *)PyBytes_AS_STRING(keys), key_total, 0};
     Sink extra_sink = {(uint8_t *)PyBytes_AS_STRING(extras), extra_total, 0};
     Py_ssize_t changed;
-    if (run->count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) {
+    if (run->count >= COLUMNS_GIL_RELEASE_RECORDS_MIN ||
+        body_total + key_total + extra_total >= COLUMNS_GIL_RELEASE_BYTES_MIN) {
         Py_BEGIN_ALLOW_THREADS changed = copy_run(e, run, &body_sink, &key_sink, &extra_sink);
         Py_END_ALLOW_THREADS
     } else {
@@ -277,7 +293,8 @@ static PyObject *gather_run(const Expect *e, const Columns *run) {
  * none), and each record's tag | keys | properties as stored. Returns (-1,
  * COLUMNS_OK, bodies, keys, extras), or the first bad row, why (COLUMNS_*), and
  * None three times (out is then unspecified). Checks and copies run without the GIL
- * (from COLUMNS_GIL_RELEASE_RECORDS_MIN records on). */
+ * from COLUMNS_GIL_RELEASE_RECORDS_MIN records or COLUMNS_GIL_RELEASE_BYTES_MIN bytes
+ * on. */
 PyObject *mqstore_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "read_columns takes 10 arguments");
@@ -309,7 +326,7 @@ PyObject *mqstore_read_columns(PyObject *self, PyObject *const *args, Py_ssize_t
                 key_name.len, (int32_t)queue_id};
     int reason = COLUMNS_OK;
     Py_ssize_t bad;
-    if (run.count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) {
+    if (run_releases_gil(&run)) {
         Py_BEGIN_ALLOW_THREADS bad = check_run(&e, &run, checksum, &reason);
         Py_END_ALLOW_THREADS
     } else {
@@ -570,13 +587,28 @@ static int tuple_class_ok(PyObject *cls) {
     return 1;
 }
 
-/* Whether every item of a row is untracked by the garbage collector (atomic, such as
- * int, str, bytes, None, or a tuple of those that CPython untracked already): an
- * immutable row of them can never be part of a reference cycle. */
+/* The read-only empty list untracked_empty_list() took out of the cyclic GC (a strong
+ * reference; NULL until it is called), the one container a row may hold and leave the
+ * collector: while it stays empty it can hold nothing. */
+static PyObject *registered_empty_list = NULL;
+
+/* Whether every item of a row can never be part of a reference cycle, now or later, as
+ * CPython's own rule for untracking a tuple (_PyObject_GC_MAY_BE_TRACKED): an object
+ * of a type without GC support (int, str, bytes, None...), an exact tuple CPython
+ * untracked already (it holds only such items), or the registered empty list while
+ * it is empty. "Untracked right now" is not enough: a dict of atomic values is
+ * untracked until it takes a container. The registered list found changed (list.append
+ * called on it directly) goes back under the collector, and the row stays there. */
 static int row_untrackable(PyObject *row, Py_ssize_t width) {
     for (Py_ssize_t j = 0; j < width; j++) {
         PyObject *item = PyTuple_GET_ITEM(row, j);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return 0;
+        if (!PyObject_IS_GC(item)) continue;
+        if (PyTuple_CheckExact(item) && !PyObject_GC_IsTracked(item)) continue;
+        if (item == registered_empty_list) {
+            if (PyList_GET_SIZE(item) == 0 && !PyObject_GC_IsTracked(item)) continue;
+            if (!PyObject_GC_IsTracked(item)) PyObject_GC_Track(item);
+        }
+        return 0;
     }
     return 1;
 }
@@ -650,10 +682,11 @@ PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* ------------------------------------------------------------ untracked_empty_list() */
 
 /* untracked_empty_list(obj) -> obj
- * Takes an empty instance of a list subclass without an instance dict (a read-only
- * empty list, such as the headers every record without headers shares) out of the
- * cyclic GC, so that a tuples() row holding it may leave it too. An object that is
- * not that: TypeError. Refusing anything else keeps the function from untracking a
+ * Takes an empty instance of a list subclass without an instance dict or slots of its
+ * own (a read-only empty list, such as the headers every record without headers
+ * shares) out of the cyclic GC and registers it as the one list a tuples() row may hold
+ * and leave the collector too (while it stays empty: row_untrackable). An object that
+ * is not that: TypeError. Refusing anything else keeps the function from untracking a
  * container that can hold others; an empty list the caller keeps read-only cannot. */
 PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -663,15 +696,16 @@ PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py
     PyObject *obj = args[0];
     PyTypeObject *type = Py_TYPE(obj);
     int ok = PyList_Check(obj) && type != &PyList_Type && PyList_GET_SIZE(obj) == 0 &&
-             type->tp_dictoffset == 0;
+             type->tp_dictoffset == 0 && type->tp_basicsize == PyList_Type.tp_basicsize;
 #ifdef Py_TPFLAGS_MANAGED_DICT
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) ok = 0;
 #endif
     if (!ok) {
         PyErr_SetString(PyExc_TypeError, "untracked_empty_list: not an empty instance of a "
-                                         "list subclass without an instance dict");
+                                         "list subclass without an instance dict or slots");
         return NULL;
     }
     if (PyObject_GC_IsTracked(obj)) PyObject_GC_UnTrack(obj);
+    Py_XSETREF(registered_empty_list, Py_NewRef(obj));
     return Py_NewRef(obj);
 }

@@ -70,15 +70,20 @@ pure-Python rows are ordinary objects.
 ``tuple.__new__(cls, row)`` would, without the row tuple: ``columns`` is a tuple of
 lists of one length (their number is not checked against the NamedTuple's fields, as
 tuple.__new__ does not check it). In C, a row of a class without an instance dict
-whose items are all out of the cyclic GC (ints, str, bytes, None, an untracked empty
-list...) leaves it too, as CPython untracks such exact tuples at their first
-collection (never subclasses): a consumer holding a poll's records then costs the
-collector nothing (issue 15: collections were half of ``KafkaConsumer.poll``).
+whose items can never join a reference cycle leaves it too (objects of types without
+GC support such as int, str, bytes, None; exact tuples CPython untracked; the registered
+empty list while empty: CPython's own rule for untracking exact tuples, which it never
+applies to subclasses): a consumer holding a poll's records then costs the collector
+nothing (issue 15: collections were half of ``KafkaConsumer.poll``). An item merely
+untracked now (a dict of atomic values, which takes a container later) keeps its row
+tracked.
 
 ``untracked_empty_list(obj) -> obj`` takes an empty instance of a list subclass
-without an instance dict out of the cyclic GC (C; the twin returns it as it is), for
-one read-only empty list many rows share (mqstore.engine.NO_HEADERS). Anything else
-is a TypeError.
+without an instance dict or slots of its own out of the cyclic GC and registers it as
+the one list a row may hold and leave the collector (C; the twin returns it as it
+is), for one read-only empty list many rows share (mqstore.engine.NO_HEADERS). Found
+changed (``list.append`` called on it directly), it goes back under the collector.
+Anything else is a TypeError.
 """
 
 from __future__ import annotations
@@ -376,10 +381,16 @@ def tuples_py(cls: type[tuple[Any, ...]], columns: tuple[list[Any], ...]) -> lis
 def untracked_empty_list_py(obj: list[Any]) -> list[Any]:
     """The pure-Python ``untracked_empty_list``: the same checks; Python cannot untrack."""
     kind = type(obj)
-    if not isinstance(obj, list) or kind is list or obj or hasattr(obj, "__dict__"):
+    if (
+        not isinstance(obj, list)
+        or kind is list
+        or obj
+        or hasattr(obj, "__dict__")
+        or kind.__basicsize__ != list.__basicsize__
+    ):
         raise TypeError(
             "untracked_empty_list: not an empty instance of a list subclass without an "
-            "instance dict"
+            "instance dict or slots"
         )
     return obj
 

@@ -37,13 +37,13 @@ from mqstore.commitlog.errors import (
 )
 from mqstore.commitlog.record import validate_topic
 from mqstore.engine import (
-    NO_HEADERS,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     AppendedRecord,
     EngineBatch,
     EngineRecord,
     ProducerRecord,
+    no_headers,
 )
 from mqstore.internal_log import INTERNAL_TOPICS, OFFSETS_TOPIC, PRODUCERS_TOPIC, InternalLog
 from mqstore.message import Message
@@ -587,7 +587,7 @@ def _engine_batch(batch: MessageBatch, log_append: bool) -> EngineBatch:
     """A batch's records as Kafka records (see the module docstring for the mapping):
     one list per field, made by C loops (``values``, ``kafka_keys``, ``tolist``)."""
     count = len(batch)
-    headers: list[list[tuple[str, bytes]]] = [NO_HEADERS] * count  # shared, read-only
+    headers: list[list[tuple[str, bytes]]] = [no_headers()] * count  # shared, read-only
     header_sizes = [0] * count
     for row in batch.header_rows():
         pairs = headers[row] = batch.headers(row)

@@ -38,6 +38,7 @@ __all__ = [
     "NO_HEADERS",
     "ProducerRecord",
     "ReadOnlyHeaders",
+    "no_headers",
 ]
 
 TIMESTAMP_CREATE_TIME = 0  # Kafka's timestamp_type codes
@@ -53,6 +54,11 @@ class ReadOnlyHeaders(list):
 
     __slots__ = ()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:
+            self._read_only()
+        super().__init__()
+
     def _read_only(self, *_args: Any, **_kwargs: Any) -> Any:
         raise TypeError("a consumed record's headers are read-only; copy them: list(headers)")
 
@@ -62,6 +68,17 @@ class ReadOnlyHeaders(list):
 
 #: The headers of every record read back without headers (see ReadOnlyHeaders).
 NO_HEADERS: Final = untracked_empty_list(ReadOnlyHeaders())
+
+
+def no_headers() -> list[tuple[str, bytes]]:
+    """NO_HEADERS for a batch of records about to be read, emptied first if code went
+    around its refusals (``list.append(NO_HEADERS, ...)``), so that no record shows
+    headers it does not have. (The C rows holding it stay tracked by the garbage
+    collector while it is not empty: commitlog/columns.py.)"""
+    if NO_HEADERS:
+        list.clear(NO_HEADERS)
+        untracked_empty_list(NO_HEADERS)
+    return NO_HEADERS
 
 
 class ProducerRecord(NamedTuple):

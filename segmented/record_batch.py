@@ -59,10 +59,10 @@ from crc32c import crc32c
 
 from mqstore.commitlog.native import NATIVE
 from mqstore.engine import (
-    NO_HEADERS,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     EngineRecord,
+    no_headers,
 )
 from mqstore.segmented.compression import CODEC_NAMES, InflateError, inflate
 
@@ -518,6 +518,7 @@ def _decode_batch(
     previous_delta = -1
     index = skip - 1
     varint = read_varint
+    none = no_headers()  # the records without headers share it
     cursor = position + HEADER_SIZE
     try:
         for _ in range(skip):
@@ -559,7 +560,7 @@ def _decode_batch(
                 value = buffer[cursor : cursor + value_size]
                 cursor += value_size
             if buffer[cursor] == 0:  # no headers, the usual case
-                headers: list[tuple[str, bytes]] = NO_HEADERS
+                headers: list[tuple[str, bytes]] = none
                 header_size, cursor = -1, cursor + 1
             else:
                 header_count, cursor = varint(buffer, cursor)

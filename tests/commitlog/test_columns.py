@@ -8,6 +8,8 @@ from __future__ import annotations
 import gc
 import os
 import struct
+import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from mqstore.commitlog import columns, record
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.commitlog.native import NATIVE
+from mqstore.engine import NO_HEADERS
 from tests import strategies as s
 
 native = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
@@ -301,36 +304,100 @@ def test_tuples_makes_named_tuples_as_tuple_new_does() -> None:
                 tuples(cls, cols)
 
 
+@pytest.fixture
+def registration() -> Iterator[None]:
+    """A test that registers its own empty list gives the registration back to the
+    one the process runs with (mqstore.engine.NO_HEADERS) afterwards."""
+    yield
+    if NATIVE is not None:
+        NATIVE.untracked_empty_list(NO_HEADERS)
+
+
 @native
-def test_c_tuples_leave_the_gc_when_nothing_in_them_is_tracked() -> None:
-    """A row of a class without an instance dict whose items are all untracked (ints,
-    str, bytes, None, an untracked empty list) is untracked, as CPython untracks such
-    exact tuples; a row holding a tracked item, or of a class with a dict, is not."""
+def test_c_tuples_leave_the_gc_when_nothing_in_them_can_join_a_cycle(registration) -> None:
+    """A row of a class without an instance dict whose items can never join a cycle
+    (ints, str, bytes, None, an exact untracked tuple, the registered empty list) is
+    untracked, as CPython untracks such exact tuples; a row holding a tracked item, an
+    item untracked only for now (a dict of atomic values), an unregistered untracked
+    list, or of a class with a dict, is not."""
     assert NATIVE is not None
 
     class WithDict(tuple):  # type: ignore[type-arg]
         pass
 
     empty = NATIVE.untracked_empty_list(_EmptyList())
-    made = NATIVE.tuples(_Pair, ([1, 2, 3, 4], ["a", b"b", None, empty]))
+    made = NATIVE.tuples(_Pair, ([1, 2, 3, 4], ["a", b"b", (1, "x"), empty]))
     assert not any(gc.is_tracked(pair) for pair in made)
     held = NATIVE.tuples(_Pair, ([1, 2], [[5], [object()]]))  # lists: tracked items
     assert all(gc.is_tracked(pair) for pair in held)
+    atomic_dict = {"a": 1}
+    assert not gc.is_tracked(atomic_dict)  # untracked until it takes a container
+    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [atomic_dict]))[0])
+    other = NATIVE.untracked_empty_list(_EmptyList())  # registered now in place of empty
+    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [empty]))[0])
+    assert not gc.is_tracked(NATIVE.tuples(_Pair, ([1], [other]))[0])
     assert all(gc.is_tracked(row) for row in NATIVE.tuples(WithDict, ([1],)))
     del made, held
     gc.collect()
+
+
+@native
+def test_a_cycle_through_a_row_and_a_dict_it_holds_is_collected() -> None:
+    """A row holding a dict of atomic values (a JSON-decoded value) stays tracked: a
+    cycle user code makes through the dict later is collected."""
+    assert NATIVE is not None
+
+    class Marker:
+        pass
+
+    (row,) = NATIVE.tuples(_Pair, ([1], [{"a": 1}]))
+    marker = Marker()
+    probe = weakref.ref(marker)
+    row.right["context"] = {"row": row, "marker": marker}
+    del row, marker
+    gc.collect()
+    assert probe() is None
+
+
+@native
+def test_the_registered_list_changed_behind_its_back_goes_back_under_the_gc(
+    registration,
+) -> None:
+    """list.append called on the registered list directly (its subclass refuses
+    append): rows holding it stay tracked, and the list is tracked again, so a cycle
+    through it is collected."""
+    assert NATIVE is not None
+
+    class Marker:
+        pass
+
+    empty = NATIVE.untracked_empty_list(_EmptyList())
+    marker = Marker()
+    probe = weakref.ref(marker)
+    (row,) = NATIVE.tuples(_Pair, ([1], [empty]))
+    assert not gc.is_tracked(row)
+    list.append(empty, [marker, empty])
+    (again,) = NATIVE.tuples(_Pair, ([1], [empty]))
+    assert gc.is_tracked(again) and gc.is_tracked(empty)
+    del row, again, empty, marker
+    NATIVE.untracked_empty_list(NO_HEADERS)  # drops the registration's reference
+    gc.collect()
+    assert probe() is None
 
 
 class _EmptyList(list):  # type: ignore[type-arg]
     __slots__ = ()
 
 
-def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance() -> None:
+def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance(registration) -> None:
     """C and twin refuse alike: a plain list, a non-empty one, one with an instance
     dict, anything else. C then leaves the cyclic GC for the one it takes."""
 
     class WithDict(list):  # type: ignore[type-arg]
         pass
+
+    class WithSlots(list):  # type: ignore[type-arg]
+        __slots__ = ("held",)  # could hold a tracked object: never out of the GC
 
     implementations = [columns.untracked_empty_list_py]
     if NATIVE is not None:
@@ -340,7 +407,7 @@ def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance() -> No
         assert untracked(empty) is empty
         full = _EmptyList()
         full.append(1)
-        for refused in ([], full, WithDict(), (), "x", None):
+        for refused in ([], full, WithDict(), WithSlots(), (), "x", None):
             with pytest.raises(TypeError):
                 untracked(refused)
     if NATIVE is not None:

@@ -6,9 +6,11 @@ test_kafka_producer.py."""
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -119,6 +121,34 @@ def test_records_without_headers_share_read_only_empty_headers(engine):
         assert not gc.is_tracked(NO_HEADERS)
         assert not gc.is_tracked(bare)
         assert gc.is_tracked(headed)
+
+
+def test_headers_changed_around_their_refusals_do_not_reach_other_records(engine):
+    """``list.append(NO_HEADERS, ...)`` and ``NO_HEADERS.__init__(...)`` go around (or
+    are) the refusals: the next poll's records still show no headers, and a JSON value
+    (a dict) keeps its record under the cyclic GC, so a cycle through it is collected."""
+    engine.create_topic("plain", 1)
+    producer = KafkaProducer(engine)
+    producer.send("plain", b'{"a": 1}', partition=0).get()
+    with pytest.raises(TypeError):
+        NO_HEADERS.__init__([("h", b"x")])
+    list.append(NO_HEADERS, ("injected", b"x"))
+    consumer = KafkaConsumer(
+        store=engine, auto_offset_reset="earliest", value_deserializer=json.loads
+    )
+    consumer.assign([TopicPartition("plain", 0)])
+    (record,) = _drain(consumer, 1)
+    assert record.headers == [] and NO_HEADERS == []
+
+    class Marker:
+        pass
+
+    marker = Marker()
+    probe = weakref.ref(marker)
+    record.value["context"] = {"record": record, "marker": marker}
+    del record, marker
+    gc.collect()
+    assert probe() is None
 
 
 def test_seek_commit_and_committed_across_reopen(engine_factory):
