@@ -17,6 +17,12 @@ Cases (100 B values, a fresh store or file per case and round, in one temp direc
   ``pwrite`` of that many records (each the size of mqstore's record of a 100 B body)
   and one ``fdatasync``, on a plain file on the same filesystem, written with zeros and
   synced first (as a prewarmed sync-mode CommitLog file is), ``--sync-messages`` in all.
+- ``python-groups-8t``: the floor of a group commit in Python threads
+  (bench/group_floor.py): ``--threads`` writers and no store, a leader that gathers
+  everyone, then one ``pwrite`` and ``fdatasync`` of the same file as ``disk-groups-8``,
+  then one wake-up per follower. Its gap to ``disk-groups-8`` is what the threads'
+  wake-ups and GIL hand-offs cost; ``mqstore-sync-8t``'s gap to it is what the store
+  adds.
 
 Rounds are interleaved (every case once per round, the order rotated each round) so
 that noise from other jobs on the machine spreads over all cases; each figure is the
@@ -46,6 +52,7 @@ from typing import Any
 from rocksdict import Options, Rdict
 
 from bench.common import load_sample, machine_info, write_results
+from bench.group_floor import python_groups
 from bench.peers import lmdb_put_one, open_lmdb
 from mqstore import KafkaProducer, MessageStore, StoreConfig
 from mqstore.commitlog.record import HEADER_SIZE
@@ -57,6 +64,7 @@ MESSAGES_DEFAULT = 200_000
 SYNC_MESSAGES_DEFAULT = 24_000
 THREADS_DEFAULT = 8
 SYNC_GOAL = 0.7  # the issue's target: 8 threads' sync put >= 0.7x the disk's groups of 8
+RECORD_BYTES = HEADER_SIZE + len(TOPIC) + len(VALUE)  # mqstore's record of one VALUE
 
 #: (case, compared with): the ratios the report states.
 RATIOS = (
@@ -64,6 +72,8 @@ RATIOS = (
     ("mqstore-put", "rocksdict-put"),
     ("mqstore-kafka-send", "lmdb-writemap"),
     ("mqstore-sync-8t", "disk-groups-8"),
+    ("mqstore-sync-8t", "python-groups-8t"),
+    ("python-groups-8t", "disk-groups-8"),
 )
 
 
@@ -169,8 +179,7 @@ def mqstore_sync_threads(
 
 def disk_groups(directory: str, count: int, group: int) -> float:
     """Groups of ``group`` records: one pwrite each, then fdatasync."""
-    record_bytes = HEADER_SIZE + len(TOPIC) + len(VALUE)
-    group_bytes = b"r" * (record_bytes * group)
+    group_bytes = b"r" * (RECORD_BYTES * group)
     groups = count // group
     path = os.path.join(directory, "disk")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -195,6 +204,9 @@ def cases(args: argparse.Namespace) -> dict[str, Callable[[str], float]]:
         "rocksdict-put": lambda d: rocksdict_put(d, args.messages),
         "mqstore-sync-8t": lambda d: mqstore_sync_threads(d, args.sync_messages, args.threads),
         "disk-groups-8": lambda d: disk_groups(d, args.sync_messages, args.threads),
+        "python-groups-8t": lambda d: python_groups(
+            os.path.join(d, "groups"), args.sync_messages, args.threads, RECORD_BYTES
+        ),
     }
 
 
@@ -249,8 +261,17 @@ def profile_misses(summary: dict[str, Any], args: argparse.Namespace) -> dict[st
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(16)
     body = text.getvalue()
-    return {key: f"cProfile of producer thread 0 of {args.threads} (sync flush), a separate "
-            f"untimed run:\n{body[body.find('   ncalls'):]}"}  # fmt: skip
+    floor = summary["ratios"].get("python-groups-8t / disk-groups-8")
+    store = summary["ratios"].get("mqstore-sync-8t / python-groups-8t")
+    split = (
+        ""
+        if floor is None or store is None
+        else f"Python threads alone (python-groups-8t, no store) reach "
+        f"{floor['median_of_rounds']:.2f}x of the disk's groups in the same rounds; "
+        f"the store reaches {store['median_of_rounds']:.2f}x of that floor.\n"
+    )
+    return {key: f"{split}cProfile of producer thread 0 of {args.threads} (sync flush), a "
+            f"separate untimed run:\n{body[body.find('   ncalls'):]}"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
