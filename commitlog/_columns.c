@@ -587,24 +587,20 @@ static int tuple_class_ok(PyObject *cls) {
     return 1;
 }
 
-/* The read-only empty list untracked_empty_list() took out of the cyclic GC (a strong
- * reference; NULL until it is called), the one container a row may hold and leave the
- * collector: while it stays empty it can hold nothing. */
-static PyObject *registered_empty_list = NULL;
-
 /* Whether every item of a row can never be part of a reference cycle, now or later, as
  * CPython's own rule for untracking a tuple (_PyObject_GC_MAY_BE_TRACKED): an object
  * of a type without GC support (int, str, bytes, None...), an exact tuple CPython
- * untracked already (it holds only such items), or the registered empty list while
- * it is empty. "Untracked right now" is not enough: a dict of atomic values is
- * untracked until it takes a container. The registered list found changed (list.append
- * called on it directly) goes back under the collector, and the row stays there. */
-static int row_untrackable(PyObject *row, Py_ssize_t width) {
+ * untracked already (it holds only such items), or shared_empty (the caller's
+ * read-only empty list, untracked by untracked_empty_list) while it is empty and
+ * untracked. "Untracked right now" is not enough: a dict of atomic values is untracked
+ * until it takes a container. shared_empty found changed (list.append called on it
+ * directly) goes back under the collector, and the row stays there. */
+static int row_untrackable(PyObject *row, Py_ssize_t width, PyObject *shared_empty) {
     for (Py_ssize_t j = 0; j < width; j++) {
         PyObject *item = PyTuple_GET_ITEM(row, j);
         if (!PyObject_IS_GC(item)) continue;
         if (PyTuple_CheckExact(item) && !PyObject_GC_IsTracked(item)) continue;
-        if (item == registered_empty_list) {
+        if (item == shared_empty) {
             if (PyList_GET_SIZE(item) == 0 && !PyObject_GC_IsTracked(item)) continue;
             if (!PyObject_GC_IsTracked(item)) PyObject_GC_Track(item);
         }
@@ -613,17 +609,25 @@ static int row_untrackable(PyObject *row, Py_ssize_t width) {
     return 1;
 }
 
-/* tuples(cls, columns) -> list
+/* tuples(cls, columns[, shared_empty]) -> list
  * Row i is the cls (tuple or a subclass tuple.__new__ takes: a NamedTuple) of (columns[0][i],
  * columns[1][i], ...), made as tuple.__new__(cls, row) makes it but without the row
  * tuple: columns is a tuple of lists of one length. What the Kafka adapter makes its
- * records with, column by column. */
+ * records with, column by column. shared_empty (a list subclass instance, or None):
+ * the one list a row may hold and still leave the collector (row_untrackable). */
 PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "tuples(cls, columns)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "tuples(cls, columns[, shared_empty])");
         return NULL;
     }
     PyObject *cls = args[0], *columns = args[1];
+    PyObject *shared_empty = nargs == 3 ? args[2] : Py_None;
+    if (shared_empty != Py_None &&
+        (!PyList_Check(shared_empty) || Py_TYPE(shared_empty) == &PyList_Type)) {
+        PyErr_SetString(PyExc_TypeError, "tuples: shared_empty must be a list subclass instance");
+        return NULL;
+    }
+    if (shared_empty == Py_None) shared_empty = NULL;
     if (!PyTuple_CheckExact(columns)) {
         PyErr_SetString(PyExc_TypeError, "tuples: columns must be a tuple of lists");
         return NULL;
@@ -674,7 +678,7 @@ PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             Py_INCREF(item);
             PyTuple_SET_ITEM(row, j, item);
         }
-        if (untrackable && row_untrackable(row, width)) PyObject_GC_UnTrack(row);
+        if (untrackable && row_untrackable(row, width, shared_empty)) PyObject_GC_UnTrack(row);
     }
     return list;
 }
@@ -684,10 +688,10 @@ PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* untracked_empty_list(obj) -> obj
  * Takes an empty instance of a list subclass without an instance dict or slots of its
  * own (a read-only empty list, such as the headers every record without headers
- * shares) out of the cyclic GC and registers it as the one list a tuples() row may hold
- * and leave the collector too (while it stays empty: row_untrackable). An object that
- * is not that: TypeError. Refusing anything else keeps the function from untracking a
- * container that can hold others; an empty list the caller keeps read-only cannot. */
+ * shares) out of the cyclic GC, so that a tuples() row holding it (as its shared_empty)
+ * may leave it too. An object that is not that: TypeError. Refusing anything else keeps
+ * the function from untracking a container that can hold others; an empty list the
+ * caller keeps read-only cannot. */
 PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
         PyErr_SetString(PyExc_TypeError, "untracked_empty_list(obj)");
@@ -706,6 +710,5 @@ PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     if (PyObject_GC_IsTracked(obj)) PyObject_GC_UnTrack(obj);
-    Py_XSETREF(registered_empty_list, Py_NewRef(obj));
     return Py_NewRef(obj);
 }

@@ -65,25 +65,25 @@ fields again, so no cycle can pass through one (as long as ``batch`` never comes
 hold its rows), and the collector then never walks the rows a consumer holds. The
 pure-Python rows are ordinary objects.
 
-``tuples(cls, columns) -> list`` makes row i the ``cls`` (tuple, or a subclass that
-``tuple.__new__`` takes: a NamedTuple) of ``(columns[0][i], columns[1][i], ...)``, as
-``tuple.__new__(cls, row)`` would, without the row tuple: ``columns`` is a tuple of
-lists of one length (their number is not checked against the NamedTuple's fields, as
-tuple.__new__ does not check it). In C, a row of a class without an instance dict
-whose items can never join a reference cycle leaves it too (objects of types without
-GC support such as int, str, bytes, None; exact tuples CPython untracked; the registered
-empty list while empty: CPython's own rule for untracking exact tuples, which it never
-applies to subclasses): a consumer holding a poll's records then costs the collector
-nothing (issue 15: collections were half of ``KafkaConsumer.poll``). An item merely
-untracked now (a dict of atomic values, which takes a container later) keeps its row
-tracked.
+``tuples(cls, columns[, shared_empty]) -> list`` makes row i the ``cls`` (tuple, or a
+subclass that ``tuple.__new__`` takes: a NamedTuple) of ``(columns[0][i],
+columns[1][i], ...)``, as ``tuple.__new__(cls, row)`` would, without the row tuple:
+``columns`` is a tuple of lists of one length (their number is not checked against the
+NamedTuple's fields, as tuple.__new__ does not check it). In C, a row of a class
+without an instance dict whose items can never join a reference cycle leaves the
+cyclic GC too (objects of types without GC support such as int, str, bytes, None;
+exact tuples CPython untracked; ``shared_empty``, a read-only empty list subclass
+instance, while it is empty and untracked: CPython's own rule for untracking exact
+tuples, which it never applies to subclasses): a consumer holding a poll's records
+then costs the collector nothing (issue 15: collections were half of
+``KafkaConsumer.poll``). An item merely untracked now (a dict of atomic values, which
+takes a container later) keeps its row tracked, and so does ``shared_empty`` found
+changed (``list.append`` called on it directly), which goes back under the collector.
 
 ``untracked_empty_list(obj) -> obj`` takes an empty instance of a list subclass
-without an instance dict or slots of its own out of the cyclic GC and registers it as
-the one list a row may hold and leave the collector (C; the twin returns it as it
-is), for one read-only empty list many rows share (mqstore.engine.NO_HEADERS). Found
-changed (``list.append`` called on it directly), it goes back under the collector.
-Anything else is a TypeError.
+without an instance dict or slots of its own out of the cyclic GC (C; the twin returns
+it as it is), for one read-only empty list many rows share (mqstore.engine.NO_HEADERS,
+the ``shared_empty`` of the records' rows). Anything else is a TypeError.
 """
 
 from __future__ import annotations
@@ -366,10 +366,16 @@ def rows_py(cls: type[RowPy], batch: Any, view: memoryview, offsets: Any, valid:
     return made
 
 
-def tuples_py(cls: type[tuple[Any, ...]], columns: tuple[list[Any], ...]) -> list[Any]:
-    """The pure-Python ``tuples`` (see the module docstring)."""
+def tuples_py(
+    cls: type[tuple[Any, ...]], columns: tuple[list[Any], ...], shared_empty: Any = None
+) -> list[Any]:
+    """The pure-Python ``tuples`` (see the module docstring; Python cannot untrack)."""
     if type(columns) is not tuple:
         raise TypeError("tuples: columns must be a tuple of lists")
+    if shared_empty is not None and (
+        not isinstance(shared_empty, list) or type(shared_empty) is list
+    ):
+        raise TypeError("tuples: shared_empty must be a list subclass instance")
     tuple.__new__(cls, ())  # CPython's rule for cls (a TypeError when it refuses)
     if any(type(column) is not list for column in columns):
         raise TypeError("tuples: every column must be a list")

@@ -151,7 +151,7 @@ class EngineBatch:
 
     def records(self) -> list[EngineRecord]:
         """The records, one EngineRecord each (made column by column, in C when built)."""
-        return tuples(EngineRecord, attrs.astuple(self, recurse=False))
+        return tuples(EngineRecord, attrs.astuple(self, recurse=False), NO_HEADERS)
 
     @classmethod
     def of_records(cls, records: Sequence[EngineRecord]) -> EngineBatch:

@@ -37,7 +37,7 @@ from mqstore.commitlog.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from mqstore.engine import Engine, EngineBatch
+from mqstore.engine import NO_HEADERS, Engine, EngineBatch
 from mqstore.kafka_producer import (
     FutureRecordMetadata,
     KafkaProducer,
@@ -464,7 +464,7 @@ class KafkaConsumer:
             *constants, batch.offsets, batch.timestamps_ms, batch.timestamp_types, keys, values,
             batch.headers, batch.checksums, batch.serialized_key_sizes,
             batch.serialized_value_sizes, batch.serialized_header_sizes,
-        ))  # fmt: skip
+        ), NO_HEADERS)  # fmt: skip
 
     def __iter__(self) -> KafkaConsumer:
         return self

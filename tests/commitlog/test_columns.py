@@ -9,7 +9,6 @@ import gc
 import os
 import struct
 import weakref
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +19,6 @@ from hypothesis import strategies as st
 from mqstore.commitlog import columns, record
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.commitlog.native import NATIVE
-from mqstore.engine import NO_HEADERS
 from tests import strategies as s
 
 native = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
@@ -304,21 +302,12 @@ def test_tuples_makes_named_tuples_as_tuple_new_does() -> None:
                 tuples(cls, cols)
 
 
-@pytest.fixture
-def registration() -> Iterator[None]:
-    """A test that registers its own empty list gives the registration back to the
-    one the process runs with (mqstore.engine.NO_HEADERS) afterwards."""
-    yield
-    if NATIVE is not None:
-        NATIVE.untracked_empty_list(NO_HEADERS)
-
-
 @native
-def test_c_tuples_leave_the_gc_when_nothing_in_them_can_join_a_cycle(registration) -> None:
+def test_c_tuples_leave_the_gc_when_nothing_in_them_can_join_a_cycle() -> None:
     """A row of a class without an instance dict whose items can never join a cycle
-    (ints, str, bytes, None, an exact untracked tuple, the registered empty list) is
+    (ints, str, bytes, None, an exact untracked tuple, the call's shared empty list) is
     untracked, as CPython untracks such exact tuples; a row holding a tracked item, an
-    item untracked only for now (a dict of atomic values), an unregistered untracked
+    item untracked only for now (a dict of atomic values), another untracked empty
     list, or of a class with a dict, is not."""
     assert NATIVE is not None
 
@@ -326,17 +315,23 @@ def test_c_tuples_leave_the_gc_when_nothing_in_them_can_join_a_cycle(registratio
         pass
 
     empty = NATIVE.untracked_empty_list(_EmptyList())
-    made = NATIVE.tuples(_Pair, ([1, 2, 3, 4], ["a", b"b", (1, "x"), empty]))
+    made = NATIVE.tuples(_Pair, ([1, 2, 3, 4], ["a", b"b", (1, "x"), empty]), empty)
     assert not any(gc.is_tracked(pair) for pair in made)
-    held = NATIVE.tuples(_Pair, ([1, 2], [[5], [object()]]))  # lists: tracked items
+    held = NATIVE.tuples(_Pair, ([1, 2], [[5], [object()]]), empty)  # tracked items
     assert all(gc.is_tracked(pair) for pair in held)
     atomic_dict = {"a": 1}
     assert not gc.is_tracked(atomic_dict)  # untracked until it takes a container
-    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [atomic_dict]))[0])
-    other = NATIVE.untracked_empty_list(_EmptyList())  # registered now in place of empty
-    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [empty]))[0])
-    assert not gc.is_tracked(NATIVE.tuples(_Pair, ([1], [other]))[0])
-    assert all(gc.is_tracked(row) for row in NATIVE.tuples(WithDict, ([1],)))
+    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [atomic_dict]), empty)[0])
+    other = NATIVE.untracked_empty_list(_EmptyList())
+    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [empty]), other)[0])
+    assert gc.is_tracked(NATIVE.tuples(_Pair, ([1], [empty]))[0])  # no shared list
+    assert not gc.is_tracked(NATIVE.tuples(_Pair, ([1], [other]), other)[0])
+    assert all(gc.is_tracked(row) for row in NATIVE.tuples(WithDict, ([1],), empty))
+    for refused in ([], (), "x"):
+        with pytest.raises(TypeError):
+            NATIVE.tuples(_Pair, ([1], [2]), refused)
+        with pytest.raises(TypeError):
+            columns.tuples_py(_Pair, ([1], [2]), refused)
     del made, held
     gc.collect()
 
@@ -360,10 +355,8 @@ def test_a_cycle_through_a_row_and_a_dict_it_holds_is_collected() -> None:
 
 
 @native
-def test_the_registered_list_changed_behind_its_back_goes_back_under_the_gc(
-    registration,
-) -> None:
-    """list.append called on the registered list directly (its subclass refuses
+def test_the_shared_list_changed_behind_its_back_goes_back_under_the_gc() -> None:
+    """list.append called on the shared empty list directly (its subclass refuses
     append): rows holding it stay tracked, and the list is tracked again, so a cycle
     through it is collected."""
     assert NATIVE is not None
@@ -374,13 +367,12 @@ def test_the_registered_list_changed_behind_its_back_goes_back_under_the_gc(
     empty = NATIVE.untracked_empty_list(_EmptyList())
     marker = Marker()
     probe = weakref.ref(marker)
-    (row,) = NATIVE.tuples(_Pair, ([1], [empty]))
+    (row,) = NATIVE.tuples(_Pair, ([1], [empty]), empty)
     assert not gc.is_tracked(row)
     list.append(empty, [marker, empty])
-    (again,) = NATIVE.tuples(_Pair, ([1], [empty]))
+    (again,) = NATIVE.tuples(_Pair, ([1], [empty]), empty)
     assert gc.is_tracked(again) and gc.is_tracked(empty)
     del row, again, empty, marker
-    NATIVE.untracked_empty_list(NO_HEADERS)  # drops the registration's reference
     gc.collect()
     assert probe() is None
 
@@ -389,7 +381,7 @@ class _EmptyList(list):  # type: ignore[type-arg]
     __slots__ = ()
 
 
-def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance(registration) -> None:
+def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance() -> None:
     """C and twin refuse alike: a plain list, a non-empty one, one with an instance
     dict, anything else. C then leaves the cyclic GC for the one it takes."""
 

@@ -585,15 +585,19 @@ class _Triple(NamedTuple):
 @given(st.lists(st.lists(st.integers(), max_size=4), max_size=4), st.data())
 def test_fuzz_tuples(lists: list, data: st.DataObject) -> None:
     """Columns of different lengths, columns that are not lists, a cls that is not a
-    tuple subclass, more or fewer columns than the NamedTuple has fields."""
+    tuple subclass, more or fewer columns than the NamedTuple has fields, a shared
+    empty list that is not a list subclass instance."""
     assert NATIVE is not None
     hostile = st.sampled_from([list, 3, None, os.stat_result, os.terminal_size])
     cls = data.draw(mostly(st.sampled_from([_Triple, tuple]), hostile))
     shaped = data.draw(
         mostly(st.just(tuple(lists)), st.sampled_from([lists, tuple(map(tuple, lists))]))
     )
-    c_out = _c("tuples", cls, shaped)
-    py_out = _call(columns.tuples_py, cls, shaped, errors=PY_ERRORS)
+    shared = data.draw(
+        st.sampled_from([(), (None,), (_EmptyHeaders(),), ([],), ((),), ("x",), (None, 1)])
+    )  # the optional shared empty list, or a hostile one, or one argument too many
+    c_out = _c("tuples", cls, shaped, *shared)
+    py_out = _call(columns.tuples_py, cls, shaped, *shared, errors=PY_ERRORS)
     _agree(c_out, py_out)
 
 
