@@ -45,12 +45,12 @@ from mqstore.commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from mqstore.consumequeue import queue_recovery, queue_shared, queue_time
+from mqstore.consumequeue import queue_recovery, queue_shared, queue_time, reput_check
 from mqstore.consumequeue.format import TIMESTAMP, UNIT, UNIT_SIZE_BYTES
 from mqstore.consumequeue.mapped_file import block_maxima
 from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
 from mqstore.consumequeue.queue_recovery import UnitVerifier
-from mqstore.consumequeue.reput_check import RunColumns, units_in_place
+from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.shared_log import SharedUnitLog
 from mqstore.consumequeue.time_index import TimeIndex
 from mqstore.consumequeue.unit_batch import (
@@ -267,28 +267,11 @@ class ConsumeQueue:
                        ) -> int:  # fmt: skip
         """How many of the units at ``first_queue_offset, ...``, rows ``lo .. lo + count``
         of ``run`` in its order, the queue's own files hold already, timestamps and block
-        maxima included (reput_check; C, one call per file): ``put_batch`` would write
-        none of them. The re-dispatch after a SIGKILL skips them. Writer only."""
+        maxima included: ``put_batch`` would write none of them (see reput_check). The
+        re-dispatch after a SIGKILL skips them. Writer only."""
         with self._ctx.lock:
             self._enter_for_write()
-            first = first_queue_offset
-            if first < self._first_offset or self._file_lo == self._file_hi:
-                return 0  # shared units, or none: put_batch's
-            interval = self._ctx.config.time_index_interval_units
-            done = 0
-            for file_index, unit_in_file, chunk in self._chunks(
-                first, max(0, min(count, self._max_offset - first))
-            ):
-                times = self._files.times(file_index)
-                took = chunk.stop - chunk.start
-                found = units_in_place(
-                    self._files.units(file_index).units, times.times, times.block_max,
-                    interval, unit_in_file, first + chunk.start, *run, lo + chunk.start, took,
-                )  # fmt: skip
-                done += found
-                if found < took:
-                    break
-            return done
+            return reput_check.queue_units_in_place(self, first_queue_offset, run, lo, count)
 
     def append_limit(self) -> int:
         """The queue offset from which units go to the queue's own files; -1 when every

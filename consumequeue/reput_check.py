@@ -28,13 +28,16 @@ a TypeError. Nothing is written.
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
 from mqstore.commitlog.native import NATIVE
 
-__all__ = ["RunColumns", "units_in_place", "units_in_place_py"]
+if TYPE_CHECKING:
+    from mqstore.consumequeue.consume_queue import ConsumeQueue
+
+__all__ = ["RunColumns", "queue_units_in_place", "units_in_place", "units_in_place_py"]
 
 _INT64_MAX: Final = (1 << 63) - 1
 _SIZE_MAX_BYTES: Final = (1 << 31) - 1  # the unit's size field is an int32
@@ -120,3 +123,28 @@ def units_in_place_py(
 
 
 units_in_place: Any = units_in_place_py if NATIVE is None else NATIVE.units_in_place
+
+
+def queue_units_in_place(queue: ConsumeQueue, first: int, run: RunColumns, lo: int, count: int
+                         ) -> int:  # fmt: skip
+    """``ConsumeQueue.units_in_place`` (under the queue's lock, loaded for write): one
+    ``units_in_place`` call per file of the queue's own units from ``first``, up to its
+    max offset; 0 when ``first`` lies in the shared log or the queue has no own file
+    (``put_batch`` handles those)."""
+    if first < queue._first_offset or queue._file_lo == queue._file_hi:
+        return 0
+    interval = queue._ctx.config.time_index_interval_units
+    done = 0
+    for file_index, unit_in_file, chunk in queue._chunks(
+        first, max(0, min(count, queue._max_offset - first))
+    ):
+        times = queue._files.times(file_index)
+        took = chunk.stop - chunk.start
+        found = units_in_place(
+            queue._files.units(file_index).units, times.times, times.block_max, interval,
+            unit_in_file, first + chunk.start, *run, lo + chunk.start, took,
+        )  # fmt: skip
+        done += found
+        if found < took:
+            break
+    return done

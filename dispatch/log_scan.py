@@ -12,8 +12,10 @@ of records becomes ConsumeQueue units and index entries here, in bulk:
    the C parse runs without the GIL).
 2. The run is grouped per queue with numpy (the rows of one put batch arrive
    together, so the grouping sorts stretches, not records). A queue with more than
-   SMALL_GROUP_UNITS units in the run gets them in one ``put_batch`` at once (a
-   re-dispatch over units already written compares them in bulk). The others are
+   SMALL_GROUP_UNITS units in the run gets them at once: those it holds already (the
+   re-dispatch after a SIGKILL, whose page cache kept them) are confirmed straight from
+   the run's columns, one C call per queue file (``ConsumeQueue.units_in_place``,
+   consumequeue/reput_check.py), and the rest go in one ``put_batch``. The others are
    collected over the scan (at most PENDING_ROWS_MAX units) and written together:
    the units past each queue's end in one TailWriter call, in log order (a topic's
    shared unit log takes them in one write), a queue's re-puts by ``put``.

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.commitlog.native import NATIVE
-from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore, consume_queue
+from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore, reput_check
 from mqstore.consumequeue.format import UNIT
 from mqstore.consumequeue.reput_check import RunColumns, units_in_place_py
 
@@ -212,15 +212,15 @@ def test_in_place_is_what_put_batch_leaves_alone(
     units ``units_in_place`` counts from ``start`` are exactly those before the first
     that ``put_batch`` of the same units writes or refuses."""
     directory = tempfile.mkdtemp()
-    original = consume_queue.units_in_place
-    consume_queue.units_in_place = implementation
+    original = reput_check.units_in_place
+    reput_check.units_in_place = implementation
     try:
         config = ConsumeQueueConfig(units_per_file=8, max_open_files=16,
                                     time_index_interval_units=3)  # fmt: skip
         with ConsumeQueueStore.open(directory, config) as store:
             _check_against_put_batch(store.queue("t", 0), kept, extra, start, damage, at)
     finally:
-        consume_queue.units_in_place = original
+        reput_check.units_in_place = original
         shutil.rmtree(directory)
 
 

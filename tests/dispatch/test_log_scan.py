@@ -25,7 +25,7 @@ from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.commitlog.header_scan import dispatch_columns_py
 from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.record import tag_hash
-from mqstore.consumequeue import consume_queue
+from mqstore.consumequeue import reput_check
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.reput_check import units_in_place_py
 from mqstore.dispatch import log_scan
@@ -62,7 +62,7 @@ def scan(request, monkeypatch) -> Iterator[str]:
     started: list[int] = []
     if request.param == "python":
         monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
-        monkeypatch.setattr(consume_queue, "units_in_place", units_in_place_py)
+        monkeypatch.setattr(reput_check, "units_in_place", units_in_place_py)
     elif request.param == "c-ahead":
         monkeypatch.setattr(log_scan, "PARSE_AHEAD_MIN_BYTES", 0)
         monkeypatch.setattr(log_scan, "SCAN_ROWS", 16)
