@@ -151,3 +151,92 @@ done:
     PyBuffer_Release(&buffer);
     return result;
 }
+
+/* units_in_place(units, times, block_max, interval, unit_in_file, first_offset,
+ *                queue_offsets, physical, sizes, tags, timestamps, order, lo, count) -> n
+ * The re-dispatch's check of units a queue's file holds already (consumequeue/
+ * reput_check.py declares the contract and holds the pure-Python twin). Unit i of
+ * [0, count) is row r = order[lo + i] (r = lo + i when order is None) of a run's
+ * columns; it is in place when its queue offset is first_offset + i, its values are in
+ * range, the file's unit unit_in_file + i holds its physical offset, size and tag hash
+ * (tags None: 0), the time file its timestamp, and the unit's block maximum is at least
+ * that timestamp. Returns how many leading units are in place. units: the unit file's
+ * bytes (20-byte units); times, block_max: int64. Runs without the GIL. */
+PyObject *mqstore_units_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "units_in_place takes 14 arguments");
+        return NULL;
+    }
+    int64_t interval, unit_in_file, first_offset, lo, count;
+    if (as_i64(args[3], &interval) < 0 || as_i64(args[4], &unit_in_file) < 0 ||
+        as_i64(args[5], &first_offset) < 0 || as_i64(args[12], &lo) < 0 ||
+        as_i64(args[13], &count) < 0)
+        return NULL;
+    /* views: units, times, block_max, queue_offsets, physical, sizes, timestamps,
+     * tags (optional), order (optional) */
+    Py_buffer views[9];
+    int taken[9] = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[0], &views[0], PyBUF_SIMPLE) < 0) return NULL;
+    taken[0] = 1;
+    PyObject *const arrays[8] = {args[1], args[2], args[6], args[7], args[8], args[10], args[9],
+                                 args[11]};
+    static const char *const names[8] = {"times",  "block_max",  "queue_offsets", "physical",
+                                         "sizes",  "timestamps", "tags",          "order"};
+    for (int k = 0; k < 8; k++) {
+        if (k >= 6 && arrays[k] == Py_None) continue;
+        if (get_array(arrays[k], &views[k + 1], 8, 0, names[k]) < 0) goto done;
+        taken[k + 1] = 1;
+    }
+    Py_ssize_t units_len = views[0].len / UNIT_SIZE, times_len = views[1].len / 8,
+               maxima_len = views[2].len / 8, rows_len = views[4].len / 8;
+    int rows_short = views[3].len / 8 < rows_len || views[5].len / 8 < rows_len ||
+                     views[6].len / 8 < rows_len || (taken[7] && views[7].len / 8 < rows_len);
+    Py_ssize_t picks_len = taken[8] ? views[8].len / 8 : rows_len;
+    /* Every index below is checked against its array: unit_in_file + i < units_len and
+     * times_len, (unit_in_file + i) / interval < maxima_len, lo + i < picks_len, and a
+     * row from order against rows_len, before it is read. */
+    if (rows_short || interval <= 0 || unit_in_file < 0 || first_offset < 0 || lo < 0 ||
+        count < 0 || lo > picks_len || count > picks_len - lo || unit_in_file > units_len ||
+        count > units_len - unit_in_file || unit_in_file > times_len ||
+        count > times_len - unit_in_file || first_offset > INT64_MAX - count) {
+        PyErr_SetString(PyExc_ValueError, "units_in_place: bad range or short arrays");
+        goto done;
+    }
+    const uint8_t *units = views[0].buf;
+    const int64_t *times = views[1].buf, *maxima = views[2].buf, *qoffs = views[3].buf,
+                  *physical = views[4].buf, *sizes = views[5].buf, *stamps = views[6].buf;
+    const int64_t *tags = taken[7] ? views[7].buf : NULL, *order = taken[8] ? views[8].buf : NULL;
+    int64_t in_place = 0, bad_row = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; in_place < count; in_place++) {
+        int64_t row = order != NULL ? order[lo + in_place] : lo + in_place;
+        if (row < 0 || row >= rows_len) {
+            bad_row = 1;
+            break;
+        }
+        int64_t unit = unit_in_file + in_place, block = unit / interval;
+        int64_t size = sizes[row], stamp = stamps[row], tag = tags != NULL ? tags[row] : 0;
+        if (qoffs[row] != first_offset + in_place || physical[row] < 0 || size < 1 ||
+            size > INT32_MAX || stamp < 0 || block >= maxima_len)
+            break;
+        const uint8_t *stored = units + unit * UNIT_SIZE;
+        int64_t stored_physical, stored_tag;
+        int32_t stored_size;
+        memcpy(&stored_physical, stored + UNIT_AT_COMMITLOG_OFFSET, 8);
+        memcpy(&stored_size, stored + UNIT_AT_SIZE, 4);
+        memcpy(&stored_tag, stored + UNIT_AT_TAG_HASH, 8);
+        if (stored_physical != physical[row] || stored_size != size || stored_tag != tag ||
+            times[unit] != stamp || maxima[block] < stamp)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad_row)
+        PyErr_SetString(PyExc_ValueError, "units_in_place: a row of order is out of range");
+    else
+        result = PyLong_FromLongLong(in_place);
+done:
+    for (int k = 0; k < 9; k++)
+        if (taken[k]) PyBuffer_Release(&views[k]);
+    return result;
+}

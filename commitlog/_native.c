@@ -13,9 +13,6 @@
 #include <structmember.h>
 #include <time.h>
 
-/* The ConsumeQueue unit (consumequeue/format.py UNIT) that write_units writes. */
-enum { UNIT_AT_COMMITLOG_OFFSET = 0, UNIT_AT_SIZE = 8, UNIT_AT_TAG_HASH = 12, UNIT_SIZE = 20 };
-
 /* Whether the sections fit their length fields and add up to total (a ValueError
  * when not). Each length is a Py_ssize_t of a buffer, so their sum cannot wrap. */
 static int sections_fit(const Py_buffer *topic, const Py_buffer *tag, const Py_buffer *keys,
@@ -904,6 +901,8 @@ static PyMethodDef methods[] = {
      "The first index in [start, end) of an int64 array whose item >= T, or -1 (_time.c)."},
     {"dispatch_columns", (PyCFunction)(void (*)(void))mqstore_dispatch_columns, METH_FASTCALL,
      "The dispatcher's columns of a run of records in one file (_dispatch.c)."},
+    {"units_in_place", (PyCFunction)(void (*)(void))mqstore_units_in_place, METH_FASTCALL,
+     "How many leading units of a run a queue file holds already (_dispatch.c)."},
     {"record_spans", (PyCFunction)(void (*)(void))mqstore_record_spans, METH_FASTCALL,
      "The records of a Kafka record batch v2: spans of each, checked (_records.c)."},
     {"kafka_batch", (PyCFunction)(void (*)(void))mqstore_kafka_batch, METH_FASTCALL,

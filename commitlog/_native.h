@@ -32,6 +32,10 @@
 #define FLAGS_KNOWN (FLAG_NULL_BODY | FLAG_GROUP_OPEN)
 #define RECORD_SIZE_MAX 0xFFFFFFFFLL /* total_size is a u32 */
 
+/* The ConsumeQueue unit (consumequeue/format.py UNIT): write_units writes it,
+ * units_in_place compares it. */
+enum { UNIT_AT_COMMITLOG_OFFSET = 0, UNIT_AT_SIZE = 8, UNIT_AT_TAG_HASH = 12, UNIT_SIZE = 20 };
+
 /* Field offsets of the header above. commitlog/native.py compares every one of these
  * (and the sizes and magics) with commitlog/record.py at import: LAYOUT in _native.c. */
 enum {
@@ -315,6 +319,7 @@ enum {
 };
 
 PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_units_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* segmented/_records.c: the records of a Kafka record batch v2, walked. */
 PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

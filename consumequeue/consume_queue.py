@@ -45,11 +45,12 @@ from mqstore.commitlog.errors import (
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from mqstore.consumequeue import queue_recovery, queue_shared, queue_time
+from mqstore.consumequeue import queue_recovery, queue_shared, queue_time, reput_check
 from mqstore.consumequeue.format import TIMESTAMP, UNIT, UNIT_SIZE_BYTES
 from mqstore.consumequeue.mapped_file import block_maxima
 from mqstore.consumequeue.queue_files import QueueContext, QueueFiles
 from mqstore.consumequeue.queue_recovery import UnitVerifier
+from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.shared_log import SharedUnitLog
 from mqstore.consumequeue.time_index import TimeIndex
 from mqstore.consumequeue.unit_batch import (
@@ -261,6 +262,16 @@ class ConsumeQueue:
                 self._reput_range(first, batch.head(overlap))
             if overlap < len(batch):
                 self._write_units(self._max_offset, batch.tail(overlap))
+
+    def units_in_place(self, first_queue_offset: int, run: RunColumns, lo: int, count: int
+                       ) -> int:  # fmt: skip
+        """How many of the units at ``first_queue_offset, ...``, rows ``lo .. lo + count``
+        of ``run`` in its order, the queue's own files hold already, timestamps and block
+        maxima included: ``put_batch`` would write none of them (see reput_check). The
+        re-dispatch after a SIGKILL skips them. Writer only."""
+        with self._ctx.lock:
+            self._enter_for_write()
+            return reput_check.queue_units_in_place(self, first_queue_offset, run, lo, count)
 
     def append_limit(self) -> int:
         """The queue offset from which units go to the queue's own files; -1 when every

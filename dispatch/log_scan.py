@@ -12,8 +12,10 @@ of records becomes ConsumeQueue units and index entries here, in bulk:
    the C parse runs without the GIL).
 2. The run is grouped per queue with numpy (the rows of one put batch arrive
    together, so the grouping sorts stretches, not records). A queue with more than
-   SMALL_GROUP_UNITS units in the run gets them in one ``put_batch`` at once (a
-   re-dispatch over units already written compares them in bulk). The others are
+   SMALL_GROUP_UNITS units in the run gets them at once: those it holds already (the
+   re-dispatch after a SIGKILL, whose page cache kept them) are confirmed straight from
+   the run's columns, one C call per queue file (``ConsumeQueue.units_in_place``,
+   consumequeue/reput_check.py), and the rest go in one ``put_batch``. The others are
    collected over the scan (at most PENDING_ROWS_MAX units) and written together:
    the units past each queue's end in one TailWriter call, in log order (a topic's
    shared unit log takes them in one write), a queue's re-puts by ``put``.
@@ -67,6 +69,7 @@ from mqstore.commitlog.record import (
     PREFIX,
     decode_keys,
 )
+from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.tail_writer import TailWriter
 
 __all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS"]
@@ -115,6 +118,9 @@ class QueueLike(Protocol):
         tag_hashes: np.ndarray,
         timestamps_ms: np.ndarray,
     ) -> None: ...
+
+    def units_in_place(self, first_queue_offset: int, run: RunColumns, lo: int, count: int
+                       ) -> int: ...  # fmt: skip
 
 
 #: Where a run's units go: (topic, queue id) -> its ConsumeQueue, and a hook called
@@ -258,10 +264,18 @@ class LogScan:
         tags = self._tag_codes(mapped, rows)
         assert self._laid is not None and self._row_numbers is not None
         order, groups = _groups(keys, self._row_numbers)
-        laid = self._lay_out(rows, tags, order, create_time)
-        queue_offsets, physicals, sizes, born, stored, codes = laid
+        laid: list[np.ndarray] | None = None  # laid out when a queue's units are put
         for key, lo, hi in groups:
             name = (topics[key >> 32], key & _QUEUE_ID_MASK)
+            if hi - lo > SMALL_GROUP_UNITS and name not in pending.queues:
+                in_place = self._in_place(name, rows, tags, order, create_time[key >> 32],
+                                          lo, hi)  # fmt: skip
+                if in_place == hi - lo:
+                    continue
+                lo += in_place
+            if laid is None:
+                laid = self._lay_out(rows, tags, order, create_time)
+            queue_offsets, physicals, sizes, born, stored, codes = laid
             times = born if create_time[key >> 32] else stored
             units = (queue_offsets[lo:hi], physicals[lo:hi], sizes[lo:hi], codes[lo:hi],
                      times[lo:hi])  # fmt: skip
@@ -283,6 +297,23 @@ class LogScan:
                 keys_raw = mapping[at : at + int(rows[DISPATCH_KEYS_LEN, row])]
                 topic = topics[0 if topic_of_row is None else int(topic_of_row[row])]
                 keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
+
+    def _in_place(self, name: tuple[str, int], rows: np.ndarray, tags: np.ndarray | None,
+                  order: np.ndarray | None, create_time: bool, lo: int, hi: int
+                  ) -> int:  # fmt: skip
+        """How many of a queue's units in a run (rows ``order[lo:hi]``), from its
+        first, the queue holds already (``ConsumeQueue.units_in_place``): the
+        re-dispatch after a SIGKILL finds them so and skips them, without laying the
+        run out or building a batch."""
+        first = int(rows[DISPATCH_QUEUE_OFFSET, lo if order is None else int(order[lo])])
+        run = RunColumns(
+            rows[DISPATCH_QUEUE_OFFSET], rows[DISPATCH_PHYSICAL], rows[DISPATCH_SIZE], tags,
+            rows[DISPATCH_BORN_TS if create_time else DISPATCH_STORE_TS], order,
+        )  # fmt: skip
+        in_place: int = self._queue(*name).units_in_place(first, run, lo, hi - lo)
+        if in_place and self._tail is not None:
+            self._tail.forget(*name)  # as after put_batch
+        return in_place
 
     def _lay_out(self, rows: np.ndarray, tags: np.ndarray | None, order: np.ndarray | None,
                  create_time: list[bool]) -> list[np.ndarray]:  # fmt: skip
@@ -323,11 +354,19 @@ class LogScan:
 
     def _put_batch(self, name: tuple[str, int], units: Units) -> None:
         """One queue's units by ``put_batch``, in stretches of consecutive queue
-        offsets (a gap is the queue's to refuse)."""
+        offsets (a gap is the queue's to refuse), after those the queue holds already
+        (``ConsumeQueue.units_in_place``)."""
         offsets, physical, sizes, codes, times = units
         queue = self._queue(*name)
+        run = RunColumns(offsets, physical, sizes, codes, times, None)
+        in_place = queue.units_in_place(int(offsets[0]), run, 0, len(offsets))
+        if in_place:  # kept through the crash: nothing to write
+            offsets, physical, sizes = offsets[in_place:], physical[in_place:], sizes[in_place:]
+            codes, times = codes[in_place:], times[in_place:]
         breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
         for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(offsets)], strict=True):
+            if lo == hi:
+                break  # every unit was in place
             queue.put_batch(
                 int(offsets[lo]), physical[lo:hi], sizes[lo:hi], codes[lo:hi], times[lo:hi]
             )

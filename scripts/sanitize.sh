@@ -52,6 +52,7 @@ esac
 # crafted-ConsumeQueue-unit test through MessageStore.get, the time look-up
 # (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time, and the
 # dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open,
+# the re-dispatch's check of kept units (units_in_place) alone and through a queue,
 # the Kafka record walk (record_spans) alone and through the segmented cleaner, and the
 # broker's Kafka codec (kafka_batch, kafka_values) alone and through its storage adapter.
 TESTS=(
@@ -68,6 +69,7 @@ TESTS=(
     tests/consumequeue/test_queue_time.py
     tests/commitlog/test_header_scan.py
     tests/dispatch/test_log_scan.py
+    tests/consumequeue/test_reput_check.py
     tests/segmented/test_record_batch.py
     tests/segmented/test_cleaner.py
     tests/mqstore/broker/test_fetch_batch.py

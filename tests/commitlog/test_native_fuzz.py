@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from mqstore.commitlog import columns, header_scan, record
 from mqstore.commitlog.native import NATIVE
-from mqstore.consumequeue import time_index
+from mqstore.consumequeue import reput_check, time_index
+from tests.consumequeue.test_reput_check import cases as units_in_place_cases
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="mqstore.commitlog._native is not built")
 
@@ -444,6 +445,30 @@ def test_fuzz_gather(source: bytes, slices: list, out_length: int) -> None:
         assert c_target == py_target
     else:
         assert c_target == bytearray(out_length)  # checked before any copy
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_units_in_place(data: st.DataObject) -> None:
+    """Runs, orders and files from tests/consumequeue/test_reput_check.py's ``cases``
+    (rows out of range, short files, bad ranges), then one scalar or array hostile."""
+    run, (units, times, maxima), args = data.draw(units_in_place_cases())
+    scalars = [args["interval"], args["unit_in_file"], args["first_offset"], args["lo"],
+               args["count"]]  # fmt: skip
+    arrays = [times, maxima, run["queue_offsets"], run["physical"], run["sizes"],
+              run.get("tags"), run["timestamps"], args["order"]]  # fmt: skip
+    target = data.draw(st.integers(0, 2 * (len(scalars) + len(arrays))))
+    if target < len(scalars):
+        scalars[target] = data.draw(hostile_int)
+    elif target < len(scalars) + len(arrays):
+        count = len(run["physical"])
+        arrays[target - len(scalars)] = data.draw(_arrays(count, np.int64))
+    interval, unit_in_file, first_offset, lo, count = scalars
+    times, maxima, queue_offsets, physical, sizes, tags, timestamps, order = arrays
+    both = (units, times, maxima, interval, unit_in_file, first_offset, queue_offsets, physical,
+            sizes, tags, timestamps, order, lo, count)  # fmt: skip
+    c_out = _c("units_in_place", *both)
+    _agree(c_out, _call(reput_check.units_in_place_py, *both, errors=PY_ERRORS))
 
 
 # ------------------------------------------------------------------ the columnar read

@@ -421,7 +421,7 @@ def test_files_scanned_ahead_give_what_one_sequential_scan_gives(
         return end, newest, table, len(started)
 
     end, newest, table, ahead = scan(8)
-    assert ahead >= 2  # the scan went ahead
+    assert ahead >= 3  # the scan went ahead, and a ring of columns was taken again
     assert (end, newest, table) == scan(1 << 16)[:3]  # no run fills: no scan ahead
     if damage is None:
         assert end == results[-1].physical_offset + results[-1].size

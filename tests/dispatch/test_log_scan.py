@@ -25,7 +25,9 @@ from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.commitlog.header_scan import dispatch_columns_py
 from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.record import tag_hash
+from mqstore.consumequeue import reput_check
 from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.reput_check import units_in_place_py
 from mqstore.dispatch import log_scan
 
 FILE_BYTES = 64 * 1024  # small CommitLog files: re-dispatch crosses blank records
@@ -53,12 +55,14 @@ def _config(**overrides: Any) -> StoreConfig:
 
 @pytest.fixture(params=SCANS)
 def scan(request, monkeypatch) -> Iterator[str]:
-    """Run the test with the C header scan, with the pure-Python twin, and with the C
-    scan parsing ahead in a thread (``Prefetch``) on every scan, in runs of 16
-    records (so a scan is many runs, and the thread waits on its full queue)."""
+    """Run the test with the C header scan (and check of kept units), with their
+    pure-Python twins, and with the C scan parsing ahead in a thread (``Prefetch``) on
+    every scan, in runs of 16 records (so a scan is many runs, and the thread waits on
+    its full queue)."""
     started: list[int] = []
     if request.param == "python":
         monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
+        monkeypatch.setattr(reput_check, "units_in_place", units_in_place_py)
     elif request.param == "c-ahead":
         monkeypatch.setattr(log_scan, "PARSE_AHEAD_MIN_BYTES", 0)
         monkeypatch.setattr(log_scan, "SCAN_ROWS", 16)
@@ -234,6 +238,54 @@ def test_redispatch_confirms_kept_shared_units_in_bulk(scan, tmp_path, monkeypat
         assert puts == []
         assert _snapshot(store) == before
         _assert_index_complete(store)
+
+
+def test_redispatch_skips_kept_units_and_repairs_the_rest(scan, tmp_path, monkeypatch):
+    """Few queues with many units each (put in batches, so a run holds more than
+    SMALL_GROUP_UNITS of a queue): after the crash the re-dispatch finds the kept
+    units in place (``ConsumeQueue.units_in_place``) and puts no batch for a queue
+    that kept them all; a queue that lost a unit (a hole) or a timestamp, or whose
+    block maximum is low, gets ``put_batch`` from there, which repairs it."""
+    path = str(tmp_path)
+    config = _config(checkpoint_interval_ms=600_000, consumequeue_flush_interval_ms=3_600_000)
+    store = MessageStore.open(path, config)
+    for queue_id in range(4):  # past consumequeue_shared_units_max: own files from here
+        store.put_batch_arrays("orders", queue_id, [b"a" * 40] * 20)
+    store.close()  # the checkpoint now covers these
+    store = MessageStore.open(path, config)
+    for number in range(24):
+        store.put_batch_arrays("orders", number % 4, [bytes([number]) * 60] * 30,
+                               tags=f"t{number % 2}" if number % 3 else None)  # fmt: skip
+    for queue_id in range(4):
+        store.wait_for("orders", queue_id, store.max_offset("orders", queue_id), 1_000)
+    before = _snapshot(store)
+    damaged = {1: 77, 2: 100, 3: 131}  # queue id -> offset: a hole, a stale time, a block
+    queues = {q: store.consume_queues.queue("orders", q) for q in damaged}
+    upf = 64  # _config's consumequeue_units_per_file
+    queues[1]._files.units(77 // upf).sizes[77 % upf] = 0
+    queues[2]._files.times(100 // upf).times[100 % upf] -= 1
+    times = queues[3]._files.times(131 // upf)
+    times.block_max[(131 % upf) // times.interval_units] = 0
+    store._crash()
+    firsts: dict[int, list[int]] = {}
+    original = ConsumeQueue.put_batch
+
+    def counted(queue: ConsumeQueue, first: int, *columns: Any) -> None:
+        firsts.setdefault(queue.queue_id, []).append(first)
+        original(queue, first, *columns)
+
+    monkeypatch.setattr(ConsumeQueue, "put_batch", counted)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert 0 not in firsts  # kept every unit: no batch
+        for queue_id, offset in damaged.items():
+            assert firsts[queue_id], queue_id
+            assert min(firsts[queue_id]) <= offset
+            # the units before the run that holds the damage are skipped, not put
+            assert min(firsts[queue_id]) > 20
+        assert _snapshot(store) == before
+        times = store.consume_queues.queue("orders", 3)._files.times(131 // upf)
+        assert times.block_max[(131 % upf) // times.interval_units] > 0
 
 
 def test_torn_tail_then_redispatch(scan, tmp_path):
