@@ -898,6 +898,8 @@ static PyMethodDef methods[] = {
      "Rows of a tuple subclass (a NamedTuple) from lists, column by column (_columns.c)."},
     {"untracked_empty_list", (PyCFunction)(void (*)(void))mqstore_untracked_empty_list,
      METH_FASTCALL, "An empty read-only list subclass instance, out of the cyclic GC (_columns.c)."},
+    {"untracked_int_array", (PyCFunction)(void (*)(void))mqstore_untracked_int_array,
+     METH_FASTCALL, "An array.array subclass instance holding only ints, out of the GC (_columns.c)."},
     {"time_search", (PyCFunction)(void (*)(void))mqstore_time_search, METH_FASTCALL,
      "Where the first running maximum >= T lies: head unit, block, or -1 (_time.c)."},
     {"first_reaching", (PyCFunction)(void (*)(void))mqstore_first_reaching, METH_FASTCALL,

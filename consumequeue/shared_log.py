@@ -46,6 +46,7 @@ from typing import Final
 
 import numpy as np
 
+from mqstore.commitlog.columns import untracked_int_array as _untracked
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
@@ -82,9 +83,11 @@ class SharedRun(array):
     """The units of one queue in the log: the record index of offset
     ``first_offset + i`` is ``run[i]`` (the run IS its int64 array of positions).
 
-    One object per queue, not a run holding an array: with 100,000 queues each
-    object is one more for the garbage collector to walk on every full collection
-    (issue 15: a third of the putting thread's time went to collections)."""
+    One object per queue, not a run holding an array, and out of the cyclic garbage
+    collector (``untracked_int_array``: raw int64 items and two int slots cannot form
+    a cycle): with 100,000 queues every full collection walked 100,000 runs (issue 15:
+    a third of the putting thread's time went to collections). So the slots hold ints
+    only, always."""
 
     __slots__ = ("first_offset", "min_offset")
 
@@ -97,7 +100,7 @@ class SharedRun(array):
         assert isinstance(run, SharedRun)
         run.first_offset = first_offset
         run.min_offset = first_offset
-        return run
+        return _untracked(run)
 
     @property
     def positions(self) -> SharedRun:

@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import threading
+from array import array
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -618,6 +619,41 @@ def test_fuzz_untracked_empty_list(data: st.DataObject) -> None:
     subject = data.draw(st.sampled_from(makers))()
     c_out = _c("untracked_empty_list", subject)
     py_out = _call(columns.untracked_empty_list_py, subject, errors=PY_ERRORS)
+    assert c_out[0] == py_out[0], (c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_out[1] is subject and not gc.is_tracked(subject)
+
+
+class _IntArray(array):  # type: ignore[type-arg]
+    __slots__ = ("value",)
+
+
+class _ArrayWithDict(array):  # type: ignore[type-arg]
+    pass
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_untracked_int_array(data: st.DataObject) -> None:
+    """Everything but an array.array subclass instance without a dict whose slots hold
+    only ints is refused, by C as by the twin."""
+    assert NATIVE is not None
+    value = data.draw(
+        st.integers() | st.none() | st.text() | st.floats() | st.booleans() | st.just([])
+    )
+
+    def holding() -> _IntArray:
+        subject = _IntArray("q", [1, 2])
+        subject.value = value
+        return subject
+
+    makers = [
+        holding, lambda: _IntArray("q"), lambda: array("q"), lambda: _ArrayWithDict("q"),
+        list, lambda: value,
+    ]  # fmt: skip
+    subject = data.draw(st.sampled_from(makers))()
+    c_out = _c("untracked_int_array", subject)
+    py_out = _call(columns.untracked_int_array_py, subject, errors=PY_ERRORS)
     assert c_out[0] == py_out[0], (c_out, py_out)
     if c_out[0] == "ok":
         assert c_out[1] is subject and not gc.is_tracked(subject)
