@@ -1163,6 +1163,7 @@ typedef struct {
     PyObject *feed;          /* the dispatcher's feed list, or None */
     PyObject *clock;         /* the store clock (ms), or None: the wall clock */
     PyObject *listener;      /* called after each append, outside the lock, or None */
+    PyObject *seeds;         /* dict topic -> int64 buffer: next offset by queue id, or None */
     long long file_start, file_size, write_position, last_store_ts_ms, prepare_next_at;
     long long record_size_limit, feed_entries_max;
     char accepting, feed_overflow;
@@ -1183,6 +1184,7 @@ static int appender_traverse(AppenderObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->feed);
     Py_VISIT(self->clock);
     Py_VISIT(self->listener);
+    Py_VISIT(self->seeds);
     Py_VISIT(self->last_key);
     return 0;
 }
@@ -1196,6 +1198,7 @@ static int appender_clear(AppenderObject *self) {
     Py_CLEAR(self->feed);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->listener);
+    Py_CLEAR(self->seeds);
     Py_CLEAR(self->last_key);
     return 0;
 }
@@ -1242,6 +1245,7 @@ static PyObject *appender_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->feed = Py_NewRef(Py_None);
     self->clock = Py_NewRef(Py_None);
     self->listener = Py_NewRef(Py_None);
+    self->seeds = Py_NewRef(Py_None);
     self->last_key = NULL;
     self->last_queue_id = -1;
     self->file_start = self->file_size = self->write_position = self->last_store_ts_ms = 0;
@@ -1399,16 +1403,55 @@ static int append_place(AppenderObject *self, int64_t size, int64_t *in_file) {
     return 1;
 }
 
+/* A queue missing from the table: its next offset from the topic's seed (an int64
+ * buffer by queue id, -1 for a queue to load alone); append_locked enters it in the
+ * table before it writes. 1 found, 0 none (the general path), -1 error. */
+static int append_seeded(AppenderObject *self, PyObject *topic, int64_t queue_id,
+                         long long *queue_offset) {
+    PyObject *seeds = self->seeds;
+    if (seeds == NULL || seeds == Py_None) return 0;
+    if (!PyDict_CheckExact(seeds)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: seeds must be a dict or None");
+        return -1;
+    }
+    PyObject *seed = PyDict_GetItemWithError(seeds, topic);
+    if (seed == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_buffer view;
+    Py_INCREF(seed);
+    int got = PyObject_GetBuffer(seed, &view, PyBUF_SIMPLE);
+    Py_DECREF(seed); /* the view holds its own reference */
+    if (got < 0) return -1;
+    int64_t value = -1;
+    int bad = view.len % 8 != 0;
+    if (!bad && queue_id >= 0 && queue_id < view.len / 8)
+        memcpy(&value, (const char *)view.buf + queue_id * 8, 8);
+    PyBuffer_Release(&view);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "Appender: a seed must be a buffer of int64");
+        return -1;
+    }
+    if (value < 0 || value == INT64_MAX) return 0;
+    *queue_offset = value;
+    return 1;
+}
+
 /* Under the lock: 1 appended (b->result set), 0 general path, -1 error. */
 static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *key,
                          int64_t queue_id, const Sections *s, int64_t born, Built *b) {
     if (!self->accepting || self->mapping == NULL || self->mapping == Py_None) return 0;
     PyObject *found = PyDict_GetItemWithError(self->queue_offsets, key);
-    if (found == NULL) return PyErr_Occurred() ? -1 : 0;
-    int overflow = 0;
-    long long queue_offset = PyLong_CheckExact(found) ? PyLong_AsLongLongAndOverflow(found, &overflow)
-                                                      : -1;
-    if (overflow || queue_offset < 0 || queue_offset == INT64_MAX) return 0;
+    long long queue_offset = -1;
+    int seeded = 0; /* from the seed: the key enters the table before the write */
+    if (found == NULL) {
+        if (PyErr_Occurred()) return -1;
+        seeded = append_seeded(self, args[0], queue_id, &queue_offset);
+        if (seeded <= 0) return seeded;
+    } else {
+        int overflow = 0;
+        queue_offset = PyLong_CheckExact(found) ? PyLong_AsLongLongAndOverflow(found, &overflow) : -1;
+        if (overflow) return 0;
+    }
+    if (queue_offset < 0 || queue_offset == INT64_MAX) return 0;
     int64_t in_file;
     int place = append_place(self, s->size, &in_file);
     if (place <= 0) return place;
@@ -1440,6 +1483,10 @@ static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *
     if (!slice_inside(in_file, s->size, out.len) || self->file_size > out.len) {
         PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "Appender: the mapping is shorter than the file");
+        return -1;
+    }
+    if (seeded && PyDict_SetItem(self->queue_offsets, key, b->queue_offset) < 0) {
+        PyBuffer_Release(&out); /* may allocate: before a byte is written */
         return -1;
     }
     write_record((uint8_t *)out.buf + in_file, (uint32_t)s->size, queue_offset, position,
@@ -1544,6 +1591,7 @@ static PyMemberDef appender_members[] = {
     APPENDER_MEMBER(feed, T_OBJECT, 0),
     APPENDER_MEMBER(clock, T_OBJECT, 0),
     APPENDER_MEMBER(listener, T_OBJECT, 0),
+    APPENDER_MEMBER(seeds, T_OBJECT, 0),
     APPENDER_MEMBER(file_start, T_LONGLONG, 0),
     APPENDER_MEMBER(file_size, T_LONGLONG, 0),
     APPENDER_MEMBER(write_position, T_LONGLONG, 0),
