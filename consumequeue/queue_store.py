@@ -210,6 +210,20 @@ class ConsumeQueueStore:
                 return [None] * len(queue_ids)  # queue() raises them
             listed, objects = self._listing(topic), self._queues
             runs = self.shared_log(topic).runs
+            if (
+                not listed
+                and set(map(type, queue_ids)) <= {int}
+                and (not queue_ids or 0 <= min(queue_ids) <= max(queue_ids) <= QUEUE_ID_MAX)
+            ):  # every id valid and no own files: no check per queue (issue 15)
+                found = map(runs.get, queue_ids)
+                if not objects:
+                    return [units_max if run is None else run.first_offset + units_max
+                            for run in found]  # fmt: skip
+                return [
+                    None if (topic, queue_id) in objects
+                    else units_max if run is None else run.first_offset + units_max
+                    for queue_id, run in zip(queue_ids, found, strict=True)
+                ]  # fmt: skip
             limits: list[int | None] = []
             for queue_id in queue_ids:
                 if (

@@ -144,6 +144,22 @@ class TailWriter:
                     self._add_slots(topic, queue_ids)
         return [slots[key] for key in keys]
 
+    def new_slots(self, topics: list[str], queue_ids: list[int]) -> range | list[int]:
+        """The slots of queues that have none yet (repeats allowed), given as columns:
+        ``slots_of`` without a key tuple per queue when they are of one topic (the
+        dispatcher's new queues of a round; issue 15)."""
+        topic = topics[0]
+        if topics.count(topic) != len(topics):
+            return self.slots_of(list(zip(topics, queue_ids, strict=True)))
+        assert (topic, queue_ids[0]) not in self._slots
+        unique = list(dict.fromkeys(queue_ids))
+        first = len(self._queues)
+        self._add_slots(topic, unique)
+        if len(unique) == len(queue_ids):
+            return range(first, first + len(unique))
+        slot_of = dict(zip(unique, range(first, first + len(unique)), strict=True))
+        return [slot_of[queue_id] for queue_id in queue_ids]
+
     def confirm_shared(
         self,
         topic: str,

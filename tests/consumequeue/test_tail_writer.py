@@ -241,3 +241,30 @@ def test_slots_of_refuses_a_bad_queue(tmp_path) -> None:
         assert tail.slots_of([(TOPIC, 0)]) == [0]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("shared_units_max", [0, 3])
+def test_new_slots_are_slots_of_given_as_columns(tmp_path, shared_units_max: int) -> None:
+    """new_slots (the dispatcher's new queues of a round) gives what slots_of gives:
+    repeats share a slot, other topics and bad queues go through slots_of, and the
+    limits are those of the queues (one with an object, one with units shared)."""
+    config = ConsumeQueueConfig(shared_units_max=shared_units_max)
+    store = ConsumeQueueStore.open(str(tmp_path), config)
+    try:
+        store.queue(TOPIC, 9)  # an object: its limit comes from it
+        for tail_ in (TailWriter(store), TailWriter(store)):
+            assert tail_.new_slots([TOPIC] * 3, [4, 9, 6]) == range(0, 3)
+        tail = TailWriter(store)
+        expected = TailWriter(store)
+        rounds = ([4, 4, 9, 6, 4], [7, 8, 7])
+        for queue_ids in rounds:
+            keys = [(TOPIC, q) for q in queue_ids]
+            assert list(tail.new_slots([TOPIC] * len(keys), queue_ids)) == expected.slots_of(keys)
+        mixed = tail.new_slots([TOPIC, "other", TOPIC], [1, 1, 2])
+        assert list(mixed) == expected.slots_of([(TOPIC, 1), ("other", 1), (TOPIC, 2)])
+        assert tail._limits.tolist() == expected._limits.tolist()
+        assert tail._slots == expected._slots
+        with pytest.raises(InvalidArgumentError):
+            tail.new_slots([TOPIC, TOPIC], [3, -1])
+    finally:
+        store.close()
