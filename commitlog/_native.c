@@ -1623,8 +1623,10 @@ static PyTypeObject AppenderType = {
  * The dispatcher's columns of a run of one-record feed entries (Appender.append's
  * 9-tuples (position, size, topic, queue_id, queue_offset, born, stored, tag, keys)):
  * entries[start:] while each is an exact 9-tuple ending at or before end, at most
- * len(positions) of them. slots (int32) gets slot_map[(topic, queue_id)] or -1; the
- * int64 columns and sizes (int32) get the fields. flags: 1 some entry has a tag, 2 some
+ * len(positions) of them. slots (int32) gets the queue's slot, or -1: from
+ * slot_map[topic] when that is a buffer of int32 slots by queue id that holds the id
+ * (-1 in it: no slot), else slot_map[(topic, queue_id)]; the int64 columns and sizes
+ * (int32) get the fields. flags: 1 some entry has a tag, 2 some
  * has keys, 4 some born differs from its stored. Stops at the first other item (a
  * BatchFeed); a field of the wrong type is a TypeError, an out-of-range one a
  * ValueError. commitlog/appender.py has the pure-Python twin, feed_columns_py. */
@@ -1639,10 +1641,57 @@ static int feed_field(PyObject *item, Py_ssize_t at, int64_t *out) {
     return as_i64(value, out);
 }
 
+/* The slot array of the last topic looked up in slot_map (held while the call runs). */
+typedef struct {
+    PyObject *topic; /* that topic (a strong reference), or NULL */
+    int viewing;     /* view holds its int32 slots by queue id */
+    Py_buffer view;
+} SlotArray;
+
+static void slot_array_clear(SlotArray *a) {
+    if (a->viewing) PyBuffer_Release(&a->view);
+    a->viewing = 0;
+    Py_CLEAR(a->topic);
+}
+
+/* The slot of (topic, queue_id) from slot_map[topic] when that is a buffer holding the
+ * queue id: 1 (*out set), 0 ask the (topic, queue_id) key, -1 error. */
+static int feed_array_slot(PyObject *slot_map, SlotArray *a, PyObject *topic, PyObject *queue_id,
+                           long long *out) {
+    if (a->topic != topic) {
+        slot_array_clear(a);
+        PyObject *found = PyDict_GetItemWithError(slot_map, topic);
+        if (found == NULL && PyErr_Occurred()) return -1;
+        if (found != NULL && !PyLong_CheckExact(found)) {
+            Py_INCREF(found);
+            int got = PyObject_GetBuffer(found, &a->view, PyBUF_SIMPLE);
+            Py_DECREF(found); /* the view holds its own reference */
+            if (got < 0) return -1;
+            a->viewing = 1;
+            if (a->view.len % 4) {
+                slot_array_clear(a);
+                PyErr_SetString(PyExc_ValueError, "feed_columns: a slot array must hold int32");
+                return -1;
+            }
+        }
+        a->topic = Py_NewRef(topic);
+    }
+    if (!a->viewing) return 0;
+    int overflow = 0;
+    long long id = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
+    if (id == -1 && PyErr_Occurred()) return -1;
+    if (overflow || id < 0 || id >= a->view.len / 4) return 0;
+    int32_t slot;
+    memcpy(&slot, (const char *)a->view.buf + id * 4, 4);
+    *out = slot;
+    return 1;
+}
+
 /* One entry into row k: 1 written, 0 the run ends before it, -1 error. */
-static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, PyObject **last_key,
-                    long long *last_slot, Py_ssize_t k, int32_t *slots, int64_t *positions,
-                    int32_t *sizes, int64_t *qoffs, int64_t *born, int64_t *stored, int *flags) {
+static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, SlotArray *array,
+                    PyObject **last_key, long long *last_slot, Py_ssize_t k, int32_t *slots,
+                    int64_t *positions, int32_t *sizes, int64_t *qoffs, int64_t *born,
+                    int64_t *stored, int *flags) {
     if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 9) return 0;
     int64_t position, size;
     if (feed_field(item, 0, &position) < 0 || feed_field(item, 1, &size) < 0) return -1;
@@ -1661,10 +1710,16 @@ static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, PyObject **
     if (feed_field(item, 4, &qoffs[k]) < 0 || feed_field(item, 5, &born[k]) < 0 ||
         feed_field(item, 6, &stored[k]) < 0)
         return -1;
-    /* The slot: the last entry's when it is the same queue (exact str and int: their
-     * hash and equality run no Python code). */
+    /* The slot: from the topic's slot array, else the last entry's when it is the same
+     * queue (exact str and int: their hash and equality run no Python code). */
+    long long from_array = -1;
+    int answered = feed_array_slot(slot_map, array, topic, queue_id, &from_array);
+    if (answered < 0) return -1;
     PyObject *last = *last_key;
-    if (last == NULL || PyTuple_GET_ITEM(last, 0) != topic ||
+    if (answered) {
+        *last_slot = from_array;
+        Py_CLEAR(*last_key);
+    } else if (last == NULL || PyTuple_GET_ITEM(last, 0) != topic ||
         PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 1), queue_id, Py_EQ) != 1) {
         PyObject *key = PyTuple_Pack(2, topic, queue_id);
         if (key == NULL) return -1;
@@ -1711,6 +1766,7 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
                                          "born", "stored"};
     int got = 0;
     PyObject *result = NULL, *last_key = NULL;
+    SlotArray array = {NULL, 0}; /* before any goto done: cleared there */
     for (; got < 6; got++)
         if (get_array(args[4 + got], &views[got], itemsizes[got], 1, names[got]) < 0) goto done;
     Py_ssize_t capacity = views[0].len / 4;
@@ -1729,9 +1785,9 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
     /* The list's size is read again every round; each item is held while in use. */
     while (count < capacity && start + count < PyList_GET_SIZE(entries)) {
         PyObject *item = Py_NewRef(PyList_GET_ITEM(entries, start + count));
-        int row = feed_row(item, end, slot_map, &last_key, &last_slot, count, views[0].buf,
-                           views[1].buf, views[2].buf, views[3].buf, views[4].buf, views[5].buf,
-                           &flags);
+        int row = feed_row(item, end, slot_map, &array, &last_key, &last_slot, count,
+                           views[0].buf, views[1].buf, views[2].buf, views[3].buf, views[4].buf,
+                           views[5].buf, &flags);
         Py_DECREF(item);
         if (row < 0) goto done;
         if (row == 0) break;
@@ -1739,6 +1795,7 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
     }
     result = Py_BuildValue("(ni)", count, flags);
 done:
+    slot_array_clear(&array);
     Py_XDECREF(last_key);
     while (got-- > 0) PyBuffer_Release(&views[got]);
     return result;

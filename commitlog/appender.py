@@ -355,15 +355,17 @@ _INT32_MAX = (1 << 31) - 1
 
 
 def feed_columns_py(
-    entries: list[Any], start: int, end: int, slot_map: dict[tuple[str, int], int],
+    entries: list[Any], start: int, end: int, slot_map: dict[Any, Any],
     slots: np.ndarray, positions: np.ndarray, sizes: np.ndarray, queue_offsets: np.ndarray,
     born: np.ndarray, stored: np.ndarray,
 ) -> tuple[int, int]:  # fmt: skip
     """The dispatcher's columns of a run of one-record feed entries (the 9-tuples
     ``append`` feeds): ``entries[start:]`` while each is an exact 9-tuple that ends at
-    or before ``end``, at most ``len(positions)`` of them. ``slots`` (int32) gets
-    ``slot_map[(topic, queue_id)]`` or -1; positions, queue_offsets, born and stored
-    (int64) and sizes (int32) the fields.
+    or before ``end``, at most ``len(positions)`` of them. ``slots`` (int32) gets the
+    queue's slot, or -1: from ``slot_map[topic]`` when that is a buffer of int32 slots
+    by queue id that holds the id (-1 in it: no slot), else ``slot_map[(topic,
+    queue_id)]``; positions, queue_offsets, born and stored (int64) and sizes (int32)
+    the fields.
 
     Returns:
         (count, flags): the entries taken, and FEED_TAGGED | FEED_KEYED | FEED_BORN
@@ -404,7 +406,9 @@ def feed_columns_py(
             raise TypeError("feed_columns: a feed entry field has the wrong type")
         if any(type(value) is not int for value in (queue_offset, born_ts, store_ts)):
             raise TypeError("feed_columns: a feed entry field is not an int")
-        slot = slot_map.get((topic, queue_id), -1)
+        slot = _array_slot(slot_map.get(topic), queue_id)
+        if slot is None:
+            slot = slot_map.get((topic, queue_id), -1)
         slots[count] = slot if -(1 << 31) <= slot <= _INT32_MAX else -1
         positions[count] = position
         sizes[count] = size
@@ -415,6 +419,20 @@ def feed_columns_py(
         flags |= FEED_BORN if born_ts != store_ts else 0
         count += 1
     return count, flags
+
+
+def _array_slot(found: Any, queue_id: int) -> int | None:
+    """feed_columns' slot of a queue in a topic's slot array (None: not an array, or
+    it does not hold the id)."""
+    if found is None or type(found) is int:
+        return None
+    with memoryview(found) as view:
+        if view.nbytes % 4:
+            raise ValueError("feed_columns: a slot array must hold int32")
+        if not 0 <= queue_id < view.nbytes // 4:
+            return None
+        with view.cast("B") as raw:
+            return int.from_bytes(raw[queue_id * 4 : queue_id * 4 + 4], sys.byteorder, signed=True)
 
 
 feed_columns = feed_columns_py if NATIVE is None else NATIVE.feed_columns

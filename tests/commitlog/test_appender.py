@@ -379,7 +379,8 @@ def test_feed_columns_twins(entries, start, end, capacity, batch_inside) -> None
     if batch_inside and entries:
         entries = [*entries[: len(entries) // 2], ("a BatchFeed",), *entries[len(entries) // 2 :]]
     start = min(start, len(entries))
-    slot_map = {("orders", 0): 3, ("a", 1): 7}
+    # "b": a slot array (queue 0: slot 4, 1: none) that does not hold ids 2-3: (b, 3)
+    slot_map = {("orders", 0): 3, ("a", 1): 7, "b": np.array([4, -1], np.int32), ("b", 3): 9}
     outs = []
     functions = [feed_columns_py] + ([NATIVE.feed_columns] if NATIVE is not None else [])
     for function in functions:
@@ -390,7 +391,8 @@ def test_feed_columns_twins(entries, start, end, capacity, batch_inside) -> None
     (count, flags), columns = outs[0]
     taken = entries[start : start + count]
     assert all(type(e) is tuple and len(e) == 9 and e[0] + e[1] <= end for e in taken)
-    assert columns[0] == [slot_map.get((e[2], e[3]), -1) for e in taken]
+    expected = {("b", 0): 4, ("b", 1): -1}
+    assert columns[0] == [expected.get((e[2], e[3]), slot_map.get((e[2], e[3]), -1)) for e in taken]
     assert bool(flags & FEED_TAGGED) == any(e[7] for e in taken)
     assert bool(flags & FEED_KEYED) == any(e[8] for e in taken)
     assert bool(flags & FEED_BORN) == any(e[5] != e[6] for e in taken)

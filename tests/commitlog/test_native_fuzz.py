@@ -870,7 +870,14 @@ def test_fuzz_feed_columns(data: st.DataObject) -> None:
         columns[short] = columns[short][:-1]
     start = data.draw(mostly(st.integers(0, len(entries)), i64))
     end = data.draw(mostly(st.integers(0, 20_000), i64))
-    slot_map = {("t", 0): 1, ("t", 1): 2**40}
+    slot_map: dict[Any, Any] = {("t", 0): 1, ("t", 1): 2**40, ("t", 3): 6}
+    # The topic's slot array (ids 0-1 or 0-2; -1 there is no slot), or a hostile one.
+    slot_map["t"] = data.draw(
+        st.sampled_from([None, 7, np.array([5, -1], np.int32), np.array([2, 8, -1], np.int32)])
+        | st.sampled_from([b"1234567", "text", True, [1]])
+    )
+    if slot_map["t"] is None:
+        del slot_map["t"]
     c_columns = [column.copy() for column in columns]
     c_out = _c("feed_columns", entries, start, end, slot_map, *c_columns)
     py_columns = [column.copy() for column in columns]
