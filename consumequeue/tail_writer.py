@@ -41,9 +41,10 @@ is cut or restarted (``QueueContext.shared_generation``).
 No object per queue (issue 15): a slot of a queue that has no ConsumeQueue object and
 no own files holds None, and its limit comes from the shared log alone
 (``ConsumeQueueStore.shared_append_limits``, one call per topic for the new queues of
-a round: ``slots_of``); the object is built on the first unit that needs it (one that
-graduates the queue, a re-put, an error to raise). 100,000 young queues then cost a
-slot each (a dict entry and a row of the per-slot arrays), not an object.
+a round: ``new_slots``); the object is built on the first unit that needs it (one
+that graduates the queue, a re-put, an error to raise). 100,000 young queues then cost
+a slot each (4 bytes in their topic's slot array, found by queue id, and a row of the
+per-slot arrays), not an object, nor a key tuple and dict entry.
 """
 
 from __future__ import annotations
