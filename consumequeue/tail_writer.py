@@ -129,6 +129,8 @@ class TailWriter:
 
     def _slot(self, topic: str, queue_id: int) -> int:
         """The slot of a queue, -1 for none (yet)."""
+        if type(queue_id) is not int and isinstance(queue_id, np.integer):
+            queue_id = int(queue_id)  # equal to its int, as it was as a dict key
         if type(queue_id) is int and 0 <= queue_id < SLOT_ARRAY_IDS_MAX:
             slots = self._slots.get(topic)
             return int(slots[queue_id]) if slots is not None and queue_id < len(slots) else -1

@@ -432,8 +432,8 @@ def test_point_records_are_the_records_as_tuples(tmp_path: Any) -> None:
 
 
 def test_a_run_is_one_object_for_the_garbage_collector():
-    """100,000 queues hold 100,000 runs: each is one tracked object (its positions
-    are its own int64 array), so a full collection walks one object per queue."""
+    """100,000 queues hold 100,000 runs: each is one object (its positions are its
+    own int64 array), which leaves the GC when made (the C module; see below)."""
     run = SharedRun(7, 3)
     run.append(9)
     assert (run.first_offset, run.min_offset, run.end, list(run.positions)) == (7, 7, 9, [3, 9])

@@ -285,6 +285,7 @@ def test_slots_below_and_past_the_array_ids(tmp_path) -> None:
         assert list(tail.new_slots([TOPIC] * 4, [3, high, 0, 3])) == [0, 1, 2, 0]
         assert tail.slots_of([(TOPIC, 0), (TOPIC, high), (TOPIC, 70)]) == [2, 1, 3]
         assert tail.slot_of(TOPIC, 3) == 0 and tail._slot(TOPIC, 4) == -1
+        assert tail.slot_of(TOPIC, np.int64(3)) == 0  # a numpy id finds the same slot
         assert (TOPIC, high) in tail.slots and (TOPIC, 3) not in tail.slots
         assert isinstance(tail.slots[TOPIC], np.ndarray) and len(tail.slots[TOPIC]) == 128
         entries = [(100 * k, 100, TOPIC, q, 0, 5, 5, b"", b"") for k, q in
