@@ -712,3 +712,67 @@ PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py
     if (PyObject_GC_IsTracked(obj)) PyObject_GC_UnTrack(obj);
     return Py_NewRef(obj);
 }
+
+/* ------------------------------------------------------------ untracked_int_array() */
+
+static PyObject *array_type; /* array.array, looked up on the first call */
+
+/* untracked_int_array(obj) -> obj
+ * Takes an instance of a subclass of array.array out of the cyclic GC when nothing in
+ * it can reference a container: no instance dict, and every object slot of every
+ * class between its type and array.array (heap types only) unset or an exact int.
+ * Such an object (the shared unit log's SharedRun: raw int64 items, two int slots)
+ * can never be part of a reference cycle, as CPython reasons for tuples of atomic
+ * items. Anything else: TypeError. The caller keeps ints in the slots afterwards. */
+PyObject *mqstore_untracked_int_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "untracked_int_array(obj)");
+        return NULL;
+    }
+    if (array_type == NULL) {
+        PyObject *module = PyImport_ImportModule("array");
+        if (module == NULL) return NULL;
+        PyObject *found = PyObject_GetAttrString(module, "array");
+        Py_DECREF(module);
+        if (found == NULL) return NULL;
+        if (!PyType_Check(found)) {
+            Py_DECREF(found);
+            PyErr_SetString(PyExc_TypeError, "untracked_int_array: array.array is not a type");
+            return NULL;
+        }
+        array_type = found; /* kept for the life of the process */
+    }
+    PyObject *obj = args[0];
+    PyTypeObject *type = Py_TYPE(obj);
+    int ok = type != (PyTypeObject *)array_type &&
+             PyObject_TypeCheck(obj, (PyTypeObject *)array_type) && type->tp_dictoffset == 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) ok = 0;
+#endif
+    for (PyTypeObject *t = type; ok && t != NULL && t != (PyTypeObject *)array_type;
+         t = t->tp_base) {
+        if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+            ok = 0; /* a C class between: its fields are unknown here */
+            break;
+        }
+        for (PyMemberDef *m = t->tp_members; m != NULL && m->name != NULL; m++) {
+            if (m->type != T_OBJECT && m->type != T_OBJECT_EX) continue;
+            if (m->offset < 0 || m->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)) {
+                ok = 0;
+                break;
+            }
+            PyObject *value = *(PyObject **)((char *)obj + m->offset);
+            if (value != NULL && !PyLong_CheckExact(value)) {
+                ok = 0;
+                break;
+            }
+        }
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "untracked_int_array: not an array.array subclass "
+                                         "instance without a dict whose slots hold only ints");
+        return NULL;
+    }
+    if (PyObject_GC_IsTracked(obj)) PyObject_GC_UnTrack(obj);
+    return Py_NewRef(obj);
+}

@@ -895,6 +895,8 @@ static PyMethodDef methods[] = {
      "Rows of a tuple subclass (a NamedTuple) from lists, column by column (_columns.c)."},
     {"untracked_empty_list", (PyCFunction)(void (*)(void))mqstore_untracked_empty_list,
      METH_FASTCALL, "An empty read-only list subclass instance, out of the cyclic GC (_columns.c)."},
+    {"untracked_int_array", (PyCFunction)(void (*)(void))mqstore_untracked_int_array,
+     METH_FASTCALL, "An array.array subclass instance holding only ints, out of the GC (_columns.c)."},
     {"time_search", (PyCFunction)(void (*)(void))mqstore_time_search, METH_FASTCALL,
      "Where the first running maximum >= T lies: head unit, block, or -1 (_time.c)."},
     {"first_reaching", (PyCFunction)(void (*)(void))mqstore_first_reaching, METH_FASTCALL,
@@ -1160,6 +1162,7 @@ typedef struct {
     PyObject *feed;          /* the dispatcher's feed list, or None */
     PyObject *clock;         /* the store clock (ms), or None: the wall clock */
     PyObject *listener;      /* called after each append, outside the lock, or None */
+    PyObject *seeds;         /* dict topic -> int64 buffer: next offset by queue id, or None */
     long long file_start, file_size, write_position, last_store_ts_ms, prepare_next_at;
     long long record_size_limit, feed_entries_max;
     char accepting, feed_overflow;
@@ -1180,6 +1183,7 @@ static int appender_traverse(AppenderObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->feed);
     Py_VISIT(self->clock);
     Py_VISIT(self->listener);
+    Py_VISIT(self->seeds);
     Py_VISIT(self->last_key);
     return 0;
 }
@@ -1193,6 +1197,7 @@ static int appender_clear(AppenderObject *self) {
     Py_CLEAR(self->feed);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->listener);
+    Py_CLEAR(self->seeds);
     Py_CLEAR(self->last_key);
     return 0;
 }
@@ -1239,6 +1244,7 @@ static PyObject *appender_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->feed = Py_NewRef(Py_None);
     self->clock = Py_NewRef(Py_None);
     self->listener = Py_NewRef(Py_None);
+    self->seeds = Py_NewRef(Py_None);
     self->last_key = NULL;
     self->last_queue_id = -1;
     self->file_start = self->file_size = self->write_position = self->last_store_ts_ms = 0;
@@ -1396,16 +1402,55 @@ static int append_place(AppenderObject *self, int64_t size, int64_t *in_file) {
     return 1;
 }
 
+/* A queue missing from the table: its next offset from the topic's seed (an int64
+ * buffer by queue id, -1 for a queue to load alone); append_locked enters it in the
+ * table before it writes. 1 found, 0 none (the general path), -1 error. */
+static int append_seeded(AppenderObject *self, PyObject *topic, int64_t queue_id,
+                         long long *queue_offset) {
+    PyObject *seeds = self->seeds;
+    if (seeds == NULL || seeds == Py_None) return 0;
+    if (!PyDict_CheckExact(seeds)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: seeds must be a dict or None");
+        return -1;
+    }
+    PyObject *seed = PyDict_GetItemWithError(seeds, topic);
+    if (seed == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_buffer view;
+    Py_INCREF(seed);
+    int got = PyObject_GetBuffer(seed, &view, PyBUF_SIMPLE);
+    Py_DECREF(seed); /* the view holds its own reference */
+    if (got < 0) return -1;
+    int64_t value = -1;
+    int bad = view.len % 8 != 0;
+    if (!bad && queue_id >= 0 && queue_id < view.len / 8)
+        memcpy(&value, (const char *)view.buf + queue_id * 8, 8);
+    PyBuffer_Release(&view);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "Appender: a seed must be a buffer of int64");
+        return -1;
+    }
+    if (value < 0 || value == INT64_MAX) return 0;
+    *queue_offset = value;
+    return 1;
+}
+
 /* Under the lock: 1 appended (b->result set), 0 general path, -1 error. */
 static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *key,
                          int64_t queue_id, const Sections *s, int64_t born, Built *b) {
     if (!self->accepting || self->mapping == NULL || self->mapping == Py_None) return 0;
     PyObject *found = PyDict_GetItemWithError(self->queue_offsets, key);
-    if (found == NULL) return PyErr_Occurred() ? -1 : 0;
-    int overflow = 0;
-    long long queue_offset = PyLong_CheckExact(found) ? PyLong_AsLongLongAndOverflow(found, &overflow)
-                                                      : -1;
-    if (overflow || queue_offset < 0 || queue_offset == INT64_MAX) return 0;
+    long long queue_offset = -1;
+    int seeded = 0; /* from the seed: the key enters the table before the write */
+    if (found == NULL) {
+        if (PyErr_Occurred()) return -1;
+        seeded = append_seeded(self, args[0], queue_id, &queue_offset);
+        if (seeded <= 0) return seeded;
+    } else {
+        int overflow = 0;
+        queue_offset = PyLong_CheckExact(found) ? PyLong_AsLongLongAndOverflow(found, &overflow) : -1;
+        if (overflow) return 0;
+    }
+    if (queue_offset < 0 || queue_offset == INT64_MAX) return 0;
     int64_t in_file;
     int place = append_place(self, s->size, &in_file);
     if (place <= 0) return place;
@@ -1437,6 +1482,10 @@ static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *
     if (!slice_inside(in_file, s->size, out.len) || self->file_size > out.len) {
         PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "Appender: the mapping is shorter than the file");
+        return -1;
+    }
+    if (seeded && PyDict_SetItem(self->queue_offsets, key, b->queue_offset) < 0) {
+        PyBuffer_Release(&out); /* may allocate: before a byte is written */
         return -1;
     }
     write_record((uint8_t *)out.buf + in_file, (uint32_t)s->size, queue_offset, position,
@@ -1541,6 +1590,7 @@ static PyMemberDef appender_members[] = {
     APPENDER_MEMBER(feed, T_OBJECT, 0),
     APPENDER_MEMBER(clock, T_OBJECT, 0),
     APPENDER_MEMBER(listener, T_OBJECT, 0),
+    APPENDER_MEMBER(seeds, T_OBJECT, 0),
     APPENDER_MEMBER(file_start, T_LONGLONG, 0),
     APPENDER_MEMBER(file_size, T_LONGLONG, 0),
     APPENDER_MEMBER(write_position, T_LONGLONG, 0),
@@ -1572,8 +1622,10 @@ static PyTypeObject AppenderType = {
  * The dispatcher's columns of a run of one-record feed entries (Appender.append's
  * 9-tuples (position, size, topic, queue_id, queue_offset, born, stored, tag, keys)):
  * entries[start:] while each is an exact 9-tuple ending at or before end, at most
- * len(positions) of them. slots (int32) gets slot_map[(topic, queue_id)] or -1; the
- * int64 columns and sizes (int32) get the fields. flags: 1 some entry has a tag, 2 some
+ * len(positions) of them. slots (int32) gets the queue's slot, or -1: from
+ * slot_map[topic] when that is a buffer of int32 slots by queue id that holds the id
+ * (-1 in it: no slot), else slot_map[(topic, queue_id)]; the int64 columns and sizes
+ * (int32) get the fields. flags: 1 some entry has a tag, 2 some
  * has keys, 4 some born differs from its stored. Stops at the first other item (a
  * BatchFeed); a field of the wrong type is a TypeError, an out-of-range one a
  * ValueError. commitlog/appender.py has the pure-Python twin, feed_columns_py. */
@@ -1588,10 +1640,57 @@ static int feed_field(PyObject *item, Py_ssize_t at, int64_t *out) {
     return as_i64(value, out);
 }
 
+/* The slot array of the last topic looked up in slot_map (held while the call runs). */
+typedef struct {
+    PyObject *topic; /* that topic (a strong reference), or NULL */
+    int viewing;     /* view holds its int32 slots by queue id */
+    Py_buffer view;
+} SlotArray;
+
+static void slot_array_clear(SlotArray *a) {
+    if (a->viewing) PyBuffer_Release(&a->view);
+    a->viewing = 0;
+    Py_CLEAR(a->topic);
+}
+
+/* The slot of (topic, queue_id) from slot_map[topic] when that is a buffer holding the
+ * queue id: 1 (*out set), 0 ask the (topic, queue_id) key, -1 error. */
+static int feed_array_slot(PyObject *slot_map, SlotArray *a, PyObject *topic, PyObject *queue_id,
+                           long long *out) {
+    if (a->topic != topic) {
+        slot_array_clear(a);
+        PyObject *found = PyDict_GetItemWithError(slot_map, topic);
+        if (found == NULL && PyErr_Occurred()) return -1;
+        if (found != NULL && !PyLong_CheckExact(found)) {
+            Py_INCREF(found);
+            int got = PyObject_GetBuffer(found, &a->view, PyBUF_SIMPLE);
+            Py_DECREF(found); /* the view holds its own reference */
+            if (got < 0) return -1;
+            a->viewing = 1;
+            if (a->view.len % 4) {
+                slot_array_clear(a);
+                PyErr_SetString(PyExc_ValueError, "feed_columns: a slot array must hold int32");
+                return -1;
+            }
+        }
+        a->topic = Py_NewRef(topic);
+    }
+    if (!a->viewing) return 0;
+    int overflow = 0;
+    long long id = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
+    if (id == -1 && PyErr_Occurred()) return -1;
+    if (overflow || id < 0 || id >= a->view.len / 4) return 0;
+    int32_t slot;
+    memcpy(&slot, (const char *)a->view.buf + id * 4, 4);
+    *out = slot;
+    return 1;
+}
+
 /* One entry into row k: 1 written, 0 the run ends before it, -1 error. */
-static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, PyObject **last_key,
-                    long long *last_slot, Py_ssize_t k, int32_t *slots, int64_t *positions,
-                    int32_t *sizes, int64_t *qoffs, int64_t *born, int64_t *stored, int *flags) {
+static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, SlotArray *array,
+                    PyObject **last_key, long long *last_slot, Py_ssize_t k, int32_t *slots,
+                    int64_t *positions, int32_t *sizes, int64_t *qoffs, int64_t *born,
+                    int64_t *stored, int *flags) {
     if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 9) return 0;
     int64_t position, size;
     if (feed_field(item, 0, &position) < 0 || feed_field(item, 1, &size) < 0) return -1;
@@ -1610,10 +1709,16 @@ static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, PyObject **
     if (feed_field(item, 4, &qoffs[k]) < 0 || feed_field(item, 5, &born[k]) < 0 ||
         feed_field(item, 6, &stored[k]) < 0)
         return -1;
-    /* The slot: the last entry's when it is the same queue (exact str and int: their
-     * hash and equality run no Python code). */
+    /* The slot: from the topic's slot array, else the last entry's when it is the same
+     * queue (exact str and int: their hash and equality run no Python code). */
+    long long from_array = -1;
+    int answered = feed_array_slot(slot_map, array, topic, queue_id, &from_array);
+    if (answered < 0) return -1;
     PyObject *last = *last_key;
-    if (last == NULL || PyTuple_GET_ITEM(last, 0) != topic ||
+    if (answered) {
+        *last_slot = from_array;
+        Py_CLEAR(*last_key);
+    } else if (last == NULL || PyTuple_GET_ITEM(last, 0) != topic ||
         PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 1), queue_id, Py_EQ) != 1) {
         PyObject *key = PyTuple_Pack(2, topic, queue_id);
         if (key == NULL) return -1;
@@ -1660,6 +1765,7 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
                                          "born", "stored"};
     int got = 0;
     PyObject *result = NULL, *last_key = NULL;
+    SlotArray array = {NULL, 0}; /* before any goto done: cleared there */
     for (; got < 6; got++)
         if (get_array(args[4 + got], &views[got], itemsizes[got], 1, names[got]) < 0) goto done;
     Py_ssize_t capacity = views[0].len / 4;
@@ -1678,9 +1784,9 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
     /* The list's size is read again every round; each item is held while in use. */
     while (count < capacity && start + count < PyList_GET_SIZE(entries)) {
         PyObject *item = Py_NewRef(PyList_GET_ITEM(entries, start + count));
-        int row = feed_row(item, end, slot_map, &last_key, &last_slot, count, views[0].buf,
-                           views[1].buf, views[2].buf, views[3].buf, views[4].buf, views[5].buf,
-                           &flags);
+        int row = feed_row(item, end, slot_map, &array, &last_key, &last_slot, count,
+                           views[0].buf, views[1].buf, views[2].buf, views[3].buf, views[4].buf,
+                           views[5].buf, &flags);
         Py_DECREF(item);
         if (row < 0) goto done;
         if (row == 0) break;
@@ -1688,6 +1794,7 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
     }
     result = Py_BuildValue("(ni)", count, flags);
 done:
+    slot_array_clear(&array);
     Py_XDECREF(last_key);
     while (got-- > 0) PyBuffer_Release(&views[got]);
     return result;

@@ -287,6 +287,7 @@ PyObject *mqstore_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args,
                                      Py_ssize_t nargs);
+PyObject *mqstore_untracked_int_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int mqstore_add_row_type(PyObject *module); /* the type Row, for rows() */
 /* consumequeue/_time.c: the ConsumeQueue time look-up. */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -19,7 +19,10 @@ outcome a caller sees; it stands for these cases, all rare on a running log:
   with its message), or encode (a memoryview body, a tag longer than 255 bytes);
 - a topic not yet in record.py's cache of validated names (the general path
   validates it, and the cache has it from then on);
-- a queue not in the offset table (its offset comes from the ConsumeQueue);
+- a queue neither in the offset table nor in its topic's seed (``seeds``: topic ->
+  int64 buffer of next offsets by queue id, -1 for none; a seeded queue enters the
+  table on its first append, before anything is written); its offset comes from the
+  ConsumeQueue;
 - a record that does not fit the current file (roll), or that crosses the threshold
   that prepares the next one (a request to the allocation service);
 - a log that refuses appends (``accepting`` false: closed, sealed, read-only, rejected
@@ -69,6 +72,7 @@ or survives a crash as any unacknowledged write can.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -165,6 +169,7 @@ class PyAppender:
         "queue_offsets",
         "record_size_limit",
         "result_type",
+        "seeds",
         "topics",
         "write_position",
     )
@@ -190,6 +195,7 @@ class PyAppender:
         self.feed: list[FeedEntry] | None = None
         self.clock: Any = None
         self.listener: Any = None
+        self.seeds: Any = None
         self.file_start = self.file_size = self.write_position = self.last_store_ts_ms = 0
         self.prepare_next_at = _INT64_MAX
         self.record_size_limit = 0
@@ -262,6 +268,9 @@ class PyAppender:
             return None
         key = (topic, queue_id)
         queue_offset = self.queue_offsets.get(key)
+        seeded = queue_offset is None
+        if seeded:
+            queue_offset = self._seeded(topic, queue_id)
         if type(queue_offset) is not int or not 0 <= queue_offset < _INT64_MAX:
             return None
         start, file_size, position = self.file_start, self.file_size, self.write_position
@@ -298,6 +307,8 @@ class PyAppender:
                 raise TypeError("Appender: the mapping must be a writable buffer")
             if view.nbytes < file_size:
                 raise ValueError("Appender: the mapping is shorter than the file")
+        if seeded:
+            self.queue_offsets[key] = queue_offset  # before a byte is written
         encode_into(
             mapping, in_file, position, size, queue_offset,
             stored if born_ts_ms is None else born_ts_ms, stored, queue_id, flags, topic_bytes,
@@ -313,6 +324,28 @@ class PyAppender:
                 self.feed_overflow = True
         return result
 
+    def _seeded(self, topic: str, queue_id: int) -> int | None:
+        """A queue missing from the table: its next offset from the topic's seed (an
+        int64 buffer by queue id, -1 for a queue to load alone; ``_append_locked``
+        enters it in the table before it writes); None for the general path."""
+        seeds = self.seeds
+        if seeds is None:
+            return None
+        if type(seeds) is not dict:
+            raise TypeError("Appender: seeds must be a dict or None")
+        seed = seeds.get(topic)
+        if seed is None:
+            return None
+        with memoryview(seed) as view:
+            if view.nbytes % 8:
+                raise ValueError("Appender: a seed must be a buffer of int64")
+            if queue_id >= view.nbytes // 8:
+                return None
+            with view.cast("B") as raw:
+                item = raw[queue_id * 8 : queue_id * 8 + 8]
+                value = int.from_bytes(item, sys.byteorder, signed=True)
+        return value if 0 <= value < _INT64_MAX else None
+
 
 #: feed_columns flags: some entry of the run has a tag, keys, a born timestamp of its own.
 FEED_TAGGED = 1
@@ -322,15 +355,17 @@ _INT32_MAX = (1 << 31) - 1
 
 
 def feed_columns_py(
-    entries: list[Any], start: int, end: int, slot_map: dict[tuple[str, int], int],
+    entries: list[Any], start: int, end: int, slot_map: dict[Any, Any],
     slots: np.ndarray, positions: np.ndarray, sizes: np.ndarray, queue_offsets: np.ndarray,
     born: np.ndarray, stored: np.ndarray,
 ) -> tuple[int, int]:  # fmt: skip
     """The dispatcher's columns of a run of one-record feed entries (the 9-tuples
     ``append`` feeds): ``entries[start:]`` while each is an exact 9-tuple that ends at
-    or before ``end``, at most ``len(positions)`` of them. ``slots`` (int32) gets
-    ``slot_map[(topic, queue_id)]`` or -1; positions, queue_offsets, born and stored
-    (int64) and sizes (int32) the fields.
+    or before ``end``, at most ``len(positions)`` of them. ``slots`` (int32) gets the
+    queue's slot, or -1: from ``slot_map[topic]`` when that is a buffer of int32 slots
+    by queue id that holds the id (-1 in it: no slot), else ``slot_map[(topic,
+    queue_id)]``; positions, queue_offsets, born and stored (int64) and sizes (int32)
+    the fields.
 
     Returns:
         (count, flags): the entries taken, and FEED_TAGGED | FEED_KEYED | FEED_BORN
@@ -371,7 +406,9 @@ def feed_columns_py(
             raise TypeError("feed_columns: a feed entry field has the wrong type")
         if any(type(value) is not int for value in (queue_offset, born_ts, store_ts)):
             raise TypeError("feed_columns: a feed entry field is not an int")
-        slot = slot_map.get((topic, queue_id), -1)
+        slot = _array_slot(slot_map.get(topic), queue_id)
+        if slot is None:
+            slot = slot_map.get((topic, queue_id), -1)
         slots[count] = slot if -(1 << 31) <= slot <= _INT32_MAX else -1
         positions[count] = position
         sizes[count] = size
@@ -382,6 +419,20 @@ def feed_columns_py(
         flags |= FEED_BORN if born_ts != store_ts else 0
         count += 1
     return count, flags
+
+
+def _array_slot(found: Any, queue_id: int) -> int | None:
+    """feed_columns' slot of a queue in a topic's slot array (None: not an array, or
+    it does not hold the id)."""
+    if found is None or type(found) is int:
+        return None
+    with memoryview(found) as view:
+        if view.nbytes % 4:
+            raise ValueError("feed_columns: a slot array must hold int32")
+        if not 0 <= queue_id < view.nbytes // 4:
+            return None
+        with view.cast("B") as raw:
+            return int.from_bytes(raw[queue_id * 4 : queue_id * 4 + 4], sys.byteorder, signed=True)
 
 
 feed_columns = feed_columns_py if NATIVE is None else NATIVE.feed_columns

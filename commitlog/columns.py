@@ -84,12 +84,20 @@ changed (``list.append`` called on it directly), which goes back under the colle
 without an instance dict or slots of its own out of the cyclic GC (C; the twin returns
 it as it is), for one read-only empty list many rows share (mqstore.engine.NO_HEADERS,
 the ``shared_empty`` of the records' rows). Anything else is a TypeError.
+
+``untracked_int_array(obj) -> obj`` takes an instance of an ``array.array`` subclass
+without an instance dict, whose slots hold only ints, out of the cyclic GC (C; the
+twin returns it as it is): such an object cannot be part of a cycle, and 100,000 of
+them (the shared unit log's runs, one per queue) made every full collection walk
+them (issue 15). Anything else is a TypeError.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Final
+from array import array
+from types import MemberDescriptorType
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from mqstore.commitlog.native import NATIVE, check_layout
 from mqstore.commitlog.record import (
@@ -133,6 +141,8 @@ __all__ = [
     "tuples_py",
     "untracked_empty_list",
     "untracked_empty_list_py",
+    "untracked_int_array",
+    "untracked_int_array_py",
 ]
 
 #: Why read_columns stopped (the C enum COLUMNS_* in commitlog/_native.h).
@@ -401,6 +411,32 @@ def untracked_empty_list_py(obj: list[Any]) -> list[Any]:
     return obj
 
 
+_IntArray = TypeVar("_IntArray", bound="array[int]")
+
+
+def untracked_int_array_py(obj: _IntArray) -> _IntArray:
+    """The pure-Python ``untracked_int_array``: the same checks; Python cannot untrack."""
+    kind = type(obj)
+    ok = isinstance(obj, array) and kind is not array and not hasattr(obj, "__dict__")
+    for cls in kind.__mro__ if ok else ():
+        if cls is array:
+            break
+        for member in cls.__dict__.values():  # the slots, as C walks tp_members
+            if isinstance(member, MemberDescriptorType):
+                try:
+                    value = member.__get__(obj, cls)
+                except AttributeError:  # unset
+                    continue
+                if type(value) is not int:
+                    ok = False
+    if not ok:
+        raise TypeError(
+            "untracked_int_array: not an array.array subclass instance without a dict "
+            "whose slots hold only ints"
+        )
+    return obj
+
+
 #: The constants commitlog/_native.h keeps a copy of, checked at import.
 LAYOUT: Final = {
     name: value
@@ -425,9 +461,11 @@ if NATIVE is None:
     rows = rows_py
     tuples = tuples_py
     untracked_empty_list = untracked_empty_list_py
+    untracked_int_array = untracked_int_array_py
 else:
     read_columns = NATIVE.read_columns
     slices = NATIVE.slices
     rows = NATIVE.rows
     tuples = NATIVE.tuples
     untracked_empty_list = NATIVE.untracked_empty_list
+    untracked_int_array = NATIVE.untracked_int_array

@@ -166,12 +166,12 @@ class ConsumeQueueStore:
                 return 0 if run is None else run.end
         return self.queue(topic, queue_id).max_offset
 
-    def next_offsets_without_objects(self, topic: str, partitions: int) -> dict[int, int]:
+    def next_offsets_without_objects(self, topic: str, partitions: int) -> np.ndarray:
         """``max_offset_of`` of every queue id below ``partitions`` (and SEED_QUEUES_MAX)
-        that has no object and no own files, in one pass (the others are left out: ask
-        them one by one).
-        {} for a read-only or closed store. The CommitLog seeds its queue-offset table
-        with this on a topic's first put, so a new queue's first put is a common one.
+        that has no object and no own files, in one pass: an int64 array by queue id,
+        -1 for the others (ask them one by one). Empty for a read-only or closed store.
+        The CommitLog seeds its queue-offset table with this on a topic's first put,
+        so a new queue's first put is a common one.
 
         Raises:
             InvalidArgumentError, InvalidTypeError: a bad topic name.
@@ -179,19 +179,18 @@ class ConsumeQueueStore:
         """
         with self._ctx.lock:
             if self.read_only or self._ctx.closed or partitions <= 0:
-                return {}
+                return np.zeros(0, dtype=np.int64)
             validate_topic(topic)
             listed = self._listing(topic)
-            offsets = dict.fromkeys(range(min(partitions, SEED_QUEUES_MAX)), 0)
-            for queue_id, run in self.shared_log(topic).runs.items():
-                if queue_id in offsets:
-                    offsets[queue_id] = run.end
-            for name in listed:  # dropping too many is safe: those load one by one
-                if name.isdigit():
-                    offsets.pop(int(name), None)
-            for queue_topic, queue_id in self._queues:
-                if queue_topic == topic:
-                    offsets.pop(queue_id, None)
+            count = min(partitions, SEED_QUEUES_MAX)
+            offsets = np.zeros(count, dtype=np.int64)
+            runs = self.shared_log(topic).runs
+            ids = [queue_id for queue_id in runs if queue_id < count]
+            offsets[ids] = [runs[queue_id].end for queue_id in ids]
+            # Dropping too many is safe: those load one by one.
+            ids = [int(name) for name in listed if name.isascii() and name.isdigit()]
+            ids += [queue_id for queue_topic, queue_id in self._queues if queue_topic == topic]
+            offsets[[queue_id for queue_id in ids if queue_id < count]] = -1
             return offsets
 
     def shared_append_limits(self, topic: str, queue_ids: list[int]) -> list[int | None]:
@@ -211,6 +210,20 @@ class ConsumeQueueStore:
                 return [None] * len(queue_ids)  # queue() raises them
             listed, objects = self._listing(topic), self._queues
             runs = self.shared_log(topic).runs
+            if (
+                not listed
+                and set(map(type, queue_ids)) <= {int}
+                and (not queue_ids or 0 <= min(queue_ids) <= max(queue_ids) <= QUEUE_ID_MAX)
+            ):  # every id valid and no own files: no check per queue (issue 15)
+                found = map(runs.get, queue_ids)
+                if not objects:
+                    return [units_max if run is None else run.first_offset + units_max
+                            for run in found]  # fmt: skip
+                return [
+                    None if (topic, queue_id) in objects
+                    else units_max if run is None else run.first_offset + units_max
+                    for queue_id, run in zip(queue_ids, found, strict=True)
+                ]  # fmt: skip
             limits: list[int | None] = []
             for queue_id in queue_ids:
                 if (

@@ -46,6 +46,7 @@ from typing import Final
 
 import numpy as np
 
+from mqstore.commitlog.columns import untracked_int_array as _untracked
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
@@ -78,13 +79,18 @@ _FILE_NAME_FORMAT: Final = f"%0{FILE_NAME_DIGITS}d"
 FOLLOW_CHUNK_RECORDS: Final = 4096  # records a reader's follow() scans per step (160 KiB)
 
 
+_new_array: Final = array.__new__
+
+
 class SharedRun(array):
     """The units of one queue in the log: the record index of offset
     ``first_offset + i`` is ``run[i]`` (the run IS its int64 array of positions).
 
-    One object per queue, not a run holding an array: with 100,000 queues each
-    object is one more for the garbage collector to walk on every full collection
-    (issue 15: a third of the putting thread's time went to collections)."""
+    One object per queue, not a run holding an array, and out of the cyclic garbage
+    collector (``untracked_int_array``: raw int64 items and two int slots cannot form
+    a cycle): with 100,000 queues every full collection walked 100,000 runs (issue 15:
+    a third of the putting thread's time went to collections). So the slots hold ints
+    only, always."""
 
     __slots__ = ("first_offset", "min_offset")
 
@@ -97,7 +103,15 @@ class SharedRun(array):
         assert isinstance(run, SharedRun)
         run.first_offset = first_offset
         run.min_offset = first_offset
-        return run
+        return _untracked(run)
+
+    @classmethod
+    def of_unit(cls, first_offset: int, position: int) -> SharedRun:
+        """``SharedRun(first_offset, position)`` without the class call's ``__new__``
+        dispatch (append makes one per new queue: 100,000 at 100,000 queues)."""
+        run: SharedRun = _new_array(cls, "q", (position,))  # type: ignore[assignment]
+        run.first_offset = run.min_offset = first_offset
+        return _untracked(run)
 
     @property
     def positions(self) -> SharedRun:
@@ -208,15 +222,16 @@ class SharedUnitLog:
         # queue before a pass to append cost two per-unit loops: issue 15.)
         first = self._end
         runs = self.runs
-        find = runs.get
+        find, new_run = runs.get, SharedRun.of_unit
         started: dict[int, SharedRun | None] = {}  # runs begun here: what they replaced
         count = 0
-        for queue_id, queue_offset in zip(
-            queue_ids[:total].tolist(), queue_offsets[:total].tolist(), strict=True
+        ids = queue_ids[:total].tolist()
+        # map(find, ...) is lazy: each unit sees the runs the units before it made.
+        for run, queue_id, queue_offset in zip(
+            map(find, ids), ids, queue_offsets[:total].tolist(), strict=True
         ):
-            run = find(queue_id)
             if not run:  # None, or empty: may start anywhere
-                runs[queue_id] = SharedRun(queue_offset, first + count)
+                runs[queue_id] = new_run(queue_offset, first + count)
                 started[queue_id] = run
             elif run.first_offset + len(run) == queue_offset:
                 run.append(first + count)

@@ -41,15 +41,16 @@ is cut or restarted (``QueueContext.shared_generation``).
 No object per queue (issue 15): a slot of a queue that has no ConsumeQueue object and
 no own files holds None, and its limit comes from the shared log alone
 (``ConsumeQueueStore.shared_append_limits``, one call per topic for the new queues of
-a round: ``slots_of``); the object is built on the first unit that needs it (one that
-graduates the queue, a re-put, an error to raise). 100,000 young queues then cost a
-slot each (a dict entry and a row of the per-slot arrays), not an object.
+a round: ``new_slots``); the object is built on the first unit that needs it (one
+that graduates the queue, a re-put, an error to raise). 100,000 young queues then cost
+a slot each (4 bytes in their topic's slot array, found by queue id, and a row of the
+per-slot arrays), not an object, nor a key tuple and dict entry.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -74,6 +75,10 @@ _COLUMNS: Final = 8
 # A write of at most this many units takes Python's scalar paths: a round of one
 # record (a waiting reader's, at a low rate) costs microseconds, not numpy calls.
 SMALL_WRITE_UNITS: Final = 8
+# Queue ids below this have their slot in their topic's int32 array (512 KiB at most a
+# topic; the seed of CommitLog's offsets stops at the same id, SEED_QUEUES_MAX); higher
+# ones, as rare as partitions past 131,072, in the slot map under (topic, queue id).
+SLOT_ARRAY_IDS_MAX: Final = 1 << 17
 assert UNIT.fields is not None
 assert [UNIT.fields[name][1] for name in ("commitlog_offset", "size", "tag_hash")] == [0, 8, 12]
 assert UNIT.itemsize == 20
@@ -103,7 +108,10 @@ class TailWriter:
     def __init__(self, queues: ConsumeQueueStore) -> None:
         self._store = queues
         self._ctx = queues._ctx
-        self._slots: dict[tuple[str, int], int] = {}
+        # feed_columns' slot map: per topic an int32 array of slots by queue id (ids below
+        # SLOT_ARRAY_IDS_MAX; -1: none), and (topic, queue id) -> slot for higher ids.
+        # Issue 15: 100,000 new queues then cost no key tuple and no dict entry each.
+        self._slots: dict[str | tuple[str, int], Any] = {}
         # Per slot its queue's object; None (sharing on) while the queue has none and
         # no own files: its units go to the shared log, and the object is built on the
         # first unit that needs it (issue 15: no object per queue on the dispatch path).
@@ -119,19 +127,62 @@ class TailWriter:
         self._topic_index: dict[str, int] = {}
         self._shared_generation = self._ctx.shared_generation
 
+    def _slot(self, topic: str, queue_id: int) -> int:
+        """The slot of a queue, -1 for none (yet)."""
+        if type(queue_id) is not int and isinstance(queue_id, np.integer):
+            queue_id = int(queue_id)  # equal to its int, as it was as a dict key
+        if type(queue_id) is int and 0 <= queue_id < SLOT_ARRAY_IDS_MAX:
+            slots = self._slots.get(topic)
+            return int(slots[queue_id]) if slots is not None and queue_id < len(slots) else -1
+        return cast(int, self._slots.get((topic, queue_id), -1))
+
+    def _set_slots(self, topic: str, queue_ids: list[int], first: int) -> None:
+        """Slots ``first, first + 1, ...`` for these queues (distinct, valid ids)."""
+        low = queue_ids
+        if queue_ids and max(queue_ids) >= SLOT_ARRAY_IDS_MAX:
+            low = [queue_id for queue_id in queue_ids if queue_id < SLOT_ARRAY_IDS_MAX]
+            self._slots.update(
+                (key, slot)
+                for key, slot in zip(
+                    zip(itertools.repeat(topic), queue_ids), itertools.count(first), strict=False
+                )
+                if key[1] >= SLOT_ARRAY_IDS_MAX
+            )
+        if not low:
+            return
+        slots = self._slots.get(topic)
+        needed = max(low) + 1
+        if slots is None or len(slots) < needed:
+            size = max(64, len(slots) if slots is not None else 0)
+            while size < needed:
+                size *= 2
+            grown = np.full(min(size, SLOT_ARRAY_IDS_MAX), -1, dtype=np.int32)
+            if slots is not None:
+                grown[: len(slots)] = slots
+            slots = self._slots[topic] = grown
+        assert isinstance(slots, np.ndarray)
+        if low is queue_ids:
+            slots[low] = np.arange(first, first + len(low), dtype=np.int32)
+        else:
+            slots[low] = [
+                slot
+                for queue_id, slot in zip(queue_ids, itertools.count(first), strict=False)
+                if queue_id < SLOT_ARRAY_IDS_MAX
+            ]
+
     def slot_of(self, topic: str, queue_id: int) -> int:
         """The slot of a queue (given one on first use)."""
-        slot = self._slots.get((topic, queue_id))
-        if slot is None:
+        slot = self._slot(topic, queue_id)
+        if slot < 0:
             self._add_slots(topic, [queue_id])
-            slot = self._slots[(topic, queue_id)]
+            slot = self._slot(topic, queue_id)
         return slot
 
     def slots_of(self, keys: list[tuple[str, int]]) -> list[int]:
         """The slots of many queues (``slot_of`` each), new ones given per topic in
         one pass: a round of 100,000 new queues costs no call per queue (issue 15)."""
-        slots = self._slots
-        missing = list(dict.fromkeys([key for key in keys if key not in slots]))  # in order
+        slot = self._slot
+        missing = list(dict.fromkeys([key for key in keys if slot(*key) < 0]))  # in order
         if missing:
             topic = missing[0][0]
             if all(key[0] == topic for key in missing):
@@ -142,7 +193,23 @@ class TailWriter:
                     by_topic.setdefault(topic, []).append(queue_id)
                 for topic, queue_ids in by_topic.items():
                     self._add_slots(topic, queue_ids)
-        return [slots[key] for key in keys]
+        return [slot(*key) for key in keys]
+
+    def new_slots(self, topics: list[str], queue_ids: list[int]) -> range | list[int]:
+        """The slots of queues that have none yet (repeats allowed), given as columns:
+        ``slots_of`` without a key tuple per queue when they are of one topic (the
+        dispatcher's new queues of a round; issue 15)."""
+        topic = topics[0]
+        if topics.count(topic) != len(topics):
+            return self.slots_of(list(zip(topics, queue_ids, strict=True)))
+        assert self._slot(topic, queue_ids[0]) < 0
+        unique = list(dict.fromkeys(queue_ids))
+        first = len(self._queues)
+        self._add_slots(topic, unique)
+        if len(unique) == len(queue_ids):
+            return range(first, first + len(unique))
+        slot_of = dict(zip(unique, range(first, first + len(unique)), strict=True))
+        return [slot_of[queue_id] for queue_id in queue_ids]
 
     def confirm_shared(
         self,
@@ -159,8 +226,9 @@ class TailWriter:
         )
 
     @property
-    def slots(self) -> dict[tuple[str, int], int]:
-        """Slots by (topic, queue id), for callers that look many up at once."""
+    def slots(self) -> dict[str | tuple[str, int], Any]:
+        """The slot map for ``feed_columns`` (commitlog/appender.py): per topic an int32
+        array of slots by queue id (-1: none), (topic, queue id) -> slot past it."""
         return self._slots
 
     def _add_slots(self, topic: str, queue_ids: list[int]) -> None:
@@ -196,9 +264,7 @@ class TailWriter:
         self._slot_topics[first : first + count] = topic_index
         self._queues.extend(queues)
         self._refs.extend(itertools.repeat(None, count))
-        self._slots.update(
-            zip(zip(itertools.repeat(topic), queue_ids), range(first, first + count), strict=True)
-        )
+        self._set_slots(topic, queue_ids, first)
         if self._sharing:
             self._limits[first : first + count] = limits
 
@@ -323,8 +389,8 @@ class TailWriter:
 
     def forget(self, topic: str, queue_id: int) -> None:
         """Detach a queue's row: it was written some other way (``put_batch``)."""
-        slot = self._slots.get((topic, queue_id))
-        if slot is not None:
+        slot = self._slot(topic, queue_id)
+        if slot >= 0:
             self._table[slot, _UNITS_ADDR] = 0
             self._refs[slot] = None
             if self._sharing:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +82,10 @@ _TAG_CACHE_MAX: Final = 4096  # distinct tags whose hashes are remembered
 RUN_ROWS_MAX: Final = 4096
 #: feed_columns' columns: slots, positions, sizes, queue offsets, born, stored.
 _RUN_DTYPES: Final = (np.int32, np.int64, np.int32, np.int64, np.int64, np.int64)
+
+
+_TOPIC: Final = operator.itemgetter(2)  # of a feed entry (commitlog/appender.py)
+_QUEUE_ID: Final = operator.itemgetter(3)
 
 
 class QueueStoreLike(Protocol):
@@ -605,7 +610,8 @@ class Dispatcher:
             # Queues new to the TailWriter: their slots in one call.
             missing = np.flatnonzero(slots < 0)
             entries = [work[head + index] for index in missing.tolist()]
-            slots[missing] = tail.slots_of([(entry[2], entry[3]) for entry in entries])
+            topics, queue_ids = list(map(_TOPIC, entries)), list(map(_QUEUE_ID, entries))
+            slots[missing] = tail.new_slots(topics, queue_ids)
         if flags & FEED_TAGGED:
             tag_hash_ = self._tag_hash
             tag_codes = np.fromiter(

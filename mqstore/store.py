@@ -700,11 +700,11 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         # No ConsumeQueue object for a queue that has none yet (issue 15).
         return self.consume_queues.max_offset_of(topic, queue_id)
 
-    def _topic_next_offsets(self, topic: str) -> dict[int, int]:
+    def _topic_next_offsets(self, topic: str) -> np.ndarray:
         # The CommitLog's seed for a topic's partitions without a ConsumeQueue object.
         config = self.topics.get(topic)
         if config is None:
-            return {}
+            return np.zeros(0, dtype=np.int64)
         return self.consume_queues.next_offsets_without_objects(topic, config.partitions)
 
     # ------------------------------------------------------------------ write

@@ -43,8 +43,8 @@ def _mostly(sane: Any, rare: Any) -> Any:
 
 _queues = _mostly(
     st.sampled_from([("orders", 0), ("orders", 1), ("a", 2)]),
-    st.sampled_from([("orders", 2), ("unknown", 0), (b"orders", 0), ("orders", -1),
-                     ("orders", True), ("orders", 2**31)]),
+    st.sampled_from([("orders", 2), ("orders", 3), ("orders", 4), ("unknown", 0),
+                     (b"orders", 0), ("orders", -1), ("orders", True), ("orders", 2**31)]),
 )  # fmt: skip
 _bodies = _mostly(
     st.binary(max_size=300) | st.none() | st.binary(max_size=40).map(bytearray),
@@ -98,6 +98,9 @@ def _appender(factory: Any) -> tuple[Any, bytearray, list[str]]:
     appender.feed = []
     appender.clock = Clock()
     appender.listener = lambda: calls.append("appended")
+    # Queues missing from the table enter it from here on their first append: orders 2
+    # (seeded at 3) and orders 3 (-1: loaded alone); the table wins for orders 0 and 1.
+    appender.seeds = {"orders": np.array([9, 7, 3, -1], dtype=np.int64)}
     return appender, mapping, calls
 
 
@@ -189,6 +192,35 @@ def test_hostile_state_is_a_value_error_never_a_wild_write() -> None:
             appender.append("orders", 0, b"x", None, None, b"", b"")
         with pytest.raises(TypeError):
             appender.append("orders", 0, b"x", None, None, "keys", b"")
+
+
+def test_a_queue_missing_from_the_table_enters_it_from_its_topic_seed() -> None:
+    """Issue 15: a seeded queue's first append is a common one, at the seed's offset,
+    and the table holds it from then on (the seed is not read again); -1, an id past
+    the seed, a topic without one or no seeds at all leave it to the general path;
+    a seed that is not an int64 buffer is refused."""
+    factories: list[Any] = [PyAppender] + ([NATIVE.Appender] if NATIVE is not None else [])
+    for factory in factories:
+        appender, _, _ = _appender(factory)
+        assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == 3
+        assert appender.queue_offsets[("orders", 2)] == 4
+        appender.seeds["orders"] = np.array([9, 7, 50, -1], dtype=np.int64)
+        assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == 4  # the table's
+        assert appender.append("orders", 0, b"x", None, None, b"", b"")[1] == 0  # not 9
+        for queue in (("orders", 3), ("orders", 4), ("a", 0)):
+            assert appender.append(*queue, b"x", None, None, b"", b"") is None
+            assert queue not in appender.queue_offsets
+        appender.seeds = None
+        assert appender.append("orders", 1, b"x", None, None, b"", b"")[1] == 5
+        assert appender.append("a", 7, b"x", None, None, b"", b"") is None
+        for bad, error in (([1, 2], TypeError), (b"1234567", ValueError)):
+            appender.seeds = {"a": bad}
+            with pytest.raises(error):
+                appender.append("a", 7, b"x", None, None, b"", b"")
+        appender.seeds = [1]
+        with pytest.raises(TypeError):
+            appender.append("a", 7, b"x", None, None, b"", b"")
+        assert ("a", 7) not in appender.queue_offsets
 
 
 def test_the_python_appender_is_the_one_without_the_c_module(monkeypatch) -> None:
@@ -347,7 +379,8 @@ def test_feed_columns_twins(entries, start, end, capacity, batch_inside) -> None
     if batch_inside and entries:
         entries = [*entries[: len(entries) // 2], ("a BatchFeed",), *entries[len(entries) // 2 :]]
     start = min(start, len(entries))
-    slot_map = {("orders", 0): 3, ("a", 1): 7}
+    # "b": a slot array (queue 0: slot 4, 1: none) that does not hold ids 2-3: (b, 3)
+    slot_map = {("orders", 0): 3, ("a", 1): 7, "b": np.array([4, -1], np.int32), ("b", 3): 9}
     outs = []
     functions = [feed_columns_py] + ([NATIVE.feed_columns] if NATIVE is not None else [])
     for function in functions:
@@ -358,7 +391,8 @@ def test_feed_columns_twins(entries, start, end, capacity, batch_inside) -> None
     (count, flags), columns = outs[0]
     taken = entries[start : start + count]
     assert all(type(e) is tuple and len(e) == 9 and e[0] + e[1] <= end for e in taken)
-    assert columns[0] == [slot_map.get((e[2], e[3]), -1) for e in taken]
+    expected = {("b", 0): 4, ("b", 1): -1}
+    assert columns[0] == [expected.get((e[2], e[3]), slot_map.get((e[2], e[3]), -1)) for e in taken]
     assert bool(flags & FEED_TAGGED) == any(e[7] for e in taken)
     assert bool(flags & FEED_KEYED) == any(e[8] for e in taken)
     assert bool(flags & FEED_BORN) == any(e[5] != e[6] for e in taken)

@@ -9,6 +9,7 @@ import gc
 import os
 import struct
 import weakref
+from array import array
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -404,6 +405,43 @@ def test_untracked_empty_list_takes_only_an_empty_list_subclass_instance() -> No
                 untracked(refused)
     if NATIVE is not None:
         assert not gc.is_tracked(NATIVE.untracked_empty_list(_EmptyList()))
+
+
+class _IntArray(array):  # type: ignore[type-arg]
+    __slots__ = ("first", "second")
+
+
+def test_untracked_int_array_takes_only_an_array_subclass_holding_ints() -> None:
+    """C and twin refuse alike: a plain array, a subclass with a dict, one whose slots
+    hold anything but ints, anything else. C then leaves the cyclic GC for the one it
+    takes (issue 15: the shared log's runs)."""
+
+    class WithDict(array):  # type: ignore[type-arg]
+        pass
+
+    implementations = [columns.untracked_int_array_py]
+    if NATIVE is not None:
+        implementations.append(NATIVE.untracked_int_array)
+    for untracked in implementations:
+        taken = _IntArray("q", [1, 2])
+        assert untracked(taken) is taken  # unset slots
+        taken.first, taken.second = 3, 2**70
+        assert untracked(taken) is taken
+        refused = []
+        for value in (None, [], "x", 1.0, True):
+            holding = _IntArray("q")
+            holding.second = value
+            refused.append(holding)
+        for subject in (*refused, array("q"), WithDict("q"), [], (), 5, None):
+            with pytest.raises(TypeError):
+                untracked(subject)
+    if NATIVE is not None:
+        made = _IntArray("q", [1])
+        made.first = 1
+        assert gc.is_tracked(made)
+        assert NATIVE.untracked_int_array(made) is made and not gc.is_tracked(made)
+        del made
+        gc.collect()
 
 
 # ------------------------------------------------------------------ the C Row

@@ -5,6 +5,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from mqstore.commitlog.allocator import AllocationService
@@ -256,7 +257,7 @@ def test_topic_offsets_loader_seeds_the_table_once_per_topic(tmp_path, small_con
 
     def seeder(topic):
         asked.append(topic)
-        return {0: 5, 1: 6, 2: 7} if topic == "t" else {}
+        return np.array([5, 6, 7, -1, 8] if topic == "t" else [], dtype=np.int64)
 
     directory = str(tmp_path / "cl")
     log = CommitLog.open(directory, small_config)
@@ -271,9 +272,12 @@ def test_topic_offsets_loader_seeds_the_table_once_per_topic(tmp_path, small_con
         assert log.append("t", 2, b"x", keys="k").queue_offset == 7  # the general path
         assert log.append("t", 1, b"x").queue_offset == 1  # scanned: not the seed's 6
         assert log.append("t", 9, b"x").queue_offset == 70  # left out: loaded alone
+        assert log.append("t", 3, b"x").queue_offset == 70  # -1: loaded alone
         assert log.append("u", 0, b"x").queue_offset == 70  # an empty seed: loaded alone
-        assert asked == ["t", ("t", 9), "u", ("u", 0)]
+        assert log.append("t", 4, b"x").queue_offset == 8  # a common append: from the seed
+        assert asked == ["t", ("t", 9), ("t", 3), "u", ("u", 0)]
         assert log.append("t", 0, b"x").queue_offset == 6
+        assert log.queue_offsets()[("t", 4)] == 9
     finally:
         log.close()
 

@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import threading
+from array import array
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -652,6 +653,41 @@ def test_fuzz_untracked_empty_list(data: st.DataObject) -> None:
         assert c_out[1] is subject and not gc.is_tracked(subject)
 
 
+class _IntArray(array):  # type: ignore[type-arg]
+    __slots__ = ("value",)
+
+
+class _ArrayWithDict(array):  # type: ignore[type-arg]
+    pass
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_untracked_int_array(data: st.DataObject) -> None:
+    """Everything but an array.array subclass instance without a dict whose slots hold
+    only ints is refused, by C as by the twin."""
+    assert NATIVE is not None
+    value = data.draw(
+        st.integers() | st.none() | st.text() | st.floats() | st.booleans() | st.just([])
+    )
+
+    def holding() -> _IntArray:
+        subject = _IntArray("q", [1, 2])
+        subject.value = value
+        return subject
+
+    makers = [
+        holding, lambda: _IntArray("q"), lambda: array("q"), lambda: _ArrayWithDict("q"),
+        list, lambda: value,
+    ]  # fmt: skip
+    subject = data.draw(st.sampled_from(makers))()
+    c_out = _c("untracked_int_array", subject)
+    py_out = _call(columns.untracked_int_array_py, subject, errors=PY_ERRORS)
+    assert c_out[0] == py_out[0], (c_out, py_out)
+    if c_out[0] == "ok":
+        assert c_out[1] is subject and not gc.is_tracked(subject)
+
+
 # -------------------------------------------------------------------- write_units
 
 _CAPACITY = 6  # units each fuzzed row's arrays hold
@@ -863,7 +899,14 @@ def test_fuzz_feed_columns(data: st.DataObject) -> None:
         columns[short] = columns[short][:-1]
     start = data.draw(mostly(st.integers(0, len(entries)), i64))
     end = data.draw(mostly(st.integers(0, 20_000), i64))
-    slot_map = {("t", 0): 1, ("t", 1): 2**40}
+    slot_map: dict[Any, Any] = {("t", 0): 1, ("t", 1): 2**40, ("t", 3): 6}
+    # The topic's slot array (ids 0-1 or 0-2; -1 there is no slot), or a hostile one.
+    slot_map["t"] = data.draw(
+        st.sampled_from([None, 7, np.array([5, -1], np.int32), np.array([2, 8, -1], np.int32)])
+        | st.sampled_from([b"1234567", "text", True, [1]])
+    )
+    if slot_map["t"] is None:
+        del slot_map["t"]
     c_columns = [column.copy() for column in columns]
     c_out = _c("feed_columns", entries, start, end, slot_map, *c_columns)
     py_columns = [column.copy() for column in columns]

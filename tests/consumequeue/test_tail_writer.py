@@ -241,3 +241,60 @@ def test_slots_of_refuses_a_bad_queue(tmp_path) -> None:
         assert tail.slots_of([(TOPIC, 0)]) == [0]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("shared_units_max", [0, 3])
+def test_new_slots_are_slots_of_given_as_columns(tmp_path, shared_units_max: int) -> None:
+    """new_slots (the dispatcher's new queues of a round) gives what slots_of gives:
+    repeats share a slot, other topics and bad queues go through slots_of, and the
+    limits are those of the queues (one with an object, one with units shared)."""
+    config = ConsumeQueueConfig(shared_units_max=shared_units_max)
+    store = ConsumeQueueStore.open(str(tmp_path), config)
+    try:
+        store.queue(TOPIC, 9)  # an object: its limit comes from it
+        for tail_ in (TailWriter(store), TailWriter(store)):
+            assert tail_.new_slots([TOPIC] * 3, [4, 9, 6]) == range(0, 3)
+        tail = TailWriter(store)
+        expected = TailWriter(store)
+        rounds = ([4, 4, 9, 6, 4], [7, 8, 7])
+        for queue_ids in rounds:
+            keys = [(TOPIC, q) for q in queue_ids]
+            assert list(tail.new_slots([TOPIC] * len(keys), queue_ids)) == expected.slots_of(keys)
+        mixed = tail.new_slots([TOPIC, "other", TOPIC], [1, 1, 2])
+        assert list(mixed) == expected.slots_of([(TOPIC, 1), ("other", 1), (TOPIC, 2)])
+        assert tail._limits.tolist() == expected._limits.tolist()
+        for key in [(TOPIC, q) for q in range(12)] + [("other", 1)]:
+            assert tail._slot(*key) == expected._slot(*key)
+        with pytest.raises(InvalidArgumentError):
+            tail.new_slots([TOPIC, TOPIC], [3, -1])
+    finally:
+        store.close()
+
+
+def test_slots_below_and_past_the_array_ids(tmp_path) -> None:
+    """Queue ids below SLOT_ARRAY_IDS_MAX keep their slot in their topic's int32 array
+    (no key per queue), higher ones under (topic, queue id); feed_columns reads both
+    (C and twin), and an id the array does not hold reads -1."""
+    from mqstore.commitlog.appender import feed_columns_py
+    from mqstore.consumequeue.tail_writer import SLOT_ARRAY_IDS_MAX
+
+    store = ConsumeQueueStore.open(str(tmp_path), ConsumeQueueConfig(shared_units_max=3))
+    try:
+        tail = TailWriter(store)
+        high = SLOT_ARRAY_IDS_MAX + 5
+        assert list(tail.new_slots([TOPIC] * 4, [3, high, 0, 3])) == [0, 1, 2, 0]
+        assert tail.slots_of([(TOPIC, 0), (TOPIC, high), (TOPIC, 70)]) == [2, 1, 3]
+        assert tail.slot_of(TOPIC, 3) == 0 and tail._slot(TOPIC, 4) == -1
+        assert tail.slot_of(TOPIC, np.int64(3)) == 0  # a numpy id finds the same slot
+        assert (TOPIC, high) in tail.slots and (TOPIC, 3) not in tail.slots
+        assert isinstance(tail.slots[TOPIC], np.ndarray) and len(tail.slots[TOPIC]) == 128
+        entries = [(100 * k, 100, TOPIC, q, 0, 5, 5, b"", b"") for k, q in
+                   enumerate([3, high, 0, 70, 71, 500, 3])]  # fmt: skip
+        functions = [feed_columns_py] + ([NATIVE.feed_columns] if NATIVE is not None else [])
+        for function in functions:
+            columns = [np.zeros(8, dtype) for dtype in
+                       (np.int32, np.int64, np.int32, np.int64, np.int64, np.int64)]  # fmt: skip
+            assert function(entries, 0, 10_000, tail.slots, *columns) == (7, 0)
+            assert columns[0][:7].tolist() == [0, 1, 2, 3, -1, -1, 0]
+    finally:
+        store.close()
