@@ -240,15 +240,15 @@ class SharedUnitLog:
             count += 1
         if count == 0:
             return 0
-        records = np.empty(count, dtype=SHARED_RECORD)
-        records["commitlog_offset"] = commitlog_offsets[:count]
-        records["size"] = sizes[:count]
-        records["tag_hash"] = tag_hashes[:count]
-        records["queue_id"] = queue_ids[:count]
-        records["queue_offset"] = queue_offsets[:count]
-        records["timestamp_ms"] = timestamps_ms[:count]
-        assert (records["size"] > 0).all()
-        try:
+        try:  # from here on a failure (the write, or building its records) sets back
+            records = np.empty(count, dtype=SHARED_RECORD)
+            records["commitlog_offset"] = commitlog_offsets[:count]
+            records["size"] = sizes[:count]
+            records["tag_hash"] = tag_hashes[:count]
+            records["queue_id"] = queue_ids[:count]
+            records["queue_offset"] = queue_offsets[:count]
+            records["timestamp_ms"] = timestamps_ms[:count]
+            assert (records["size"] > 0).all()
             self._write_records(first, records)
         except BaseException:
             for queue_id in queue_ids[:count].tolist():

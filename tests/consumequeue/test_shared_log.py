@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mqstore.commitlog.errors import CorruptDataError, DiskFullError
 from mqstore.commitlog.native import NATIVE
+from mqstore.consumequeue import shared_log
 from mqstore.consumequeue.format import (
     SHARED_RECORD,
     SHARED_RECORD_SIZE_BYTES,
@@ -473,10 +474,13 @@ def test_runs_are_out_of_the_garbage_collector(tmp_path: Any) -> None:
             reopened.close()
 
 
-def test_a_failed_write_leaves_the_runs_as_they_were(tmp_path: Any, monkeypatch) -> None:
+@pytest.mark.parametrize("failing", ["write", "records"])
+def test_a_failed_write_leaves_the_runs_as_they_were(
+    tmp_path: Any, monkeypatch, failing: str
+) -> None:
     """``append`` adds to the runs as it checks the units; a write that fails (a full
-    disk) sets every run back: an extended one, one begun by the call, and an empty
-    one a call restarted elsewhere."""
+    disk), or the building of its records (no memory), sets every run back: an
+    extended one, one begun by the call, and an empty one a call restarted elsewhere."""
     shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
     try:
         assert shared.append(*_columns([(0, 0, 100, 9, 0, 5), (1, 0, 101, 9, 0, 5)])) == 2
@@ -488,11 +492,18 @@ def test_a_failed_write_leaves_the_runs_as_they_were(tmp_path: Any, monkeypatch)
         def full(*_args: Any) -> None:
             raise DiskFullError(28, "no space left on device")
 
-        monkeypatch.setattr(shared, "_write_records", full)
+        def no_memory(*_args: Any, **_kwargs: Any) -> None:
+            raise MemoryError
+
         rows = [(0, 1, 102, 9, 0, 5), (2, 0, 103, 9, 0, 5), (1, 20, 104, 9, 0, 5),
                 (0, 2, 105, 9, 0, 5), (2, 1, 106, 9, 0, 5)]  # fmt: skip
-        with pytest.raises(DiskFullError):
-            shared.append(*_columns(rows))  # type: ignore[arg-type]
+        columns = _columns(rows)  # type: ignore[arg-type]
+        if failing == "write":
+            monkeypatch.setattr(shared, "_write_records", full)
+        else:
+            monkeypatch.setattr(shared_log.np, "empty", no_memory)
+        with pytest.raises(DiskFullError if failing == "write" else MemoryError):
+            shared.append(*columns)
         after = {qid: (run.first_offset, run.min_offset, list(run))
                  for qid, run in shared.runs.items()}  # fmt: skip
         assert after == before and shared.runs[1] is emptied and 2 not in shared.runs
