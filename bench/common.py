@@ -12,7 +12,9 @@ import resource
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["load_sample", "machine_info", "read_text", "summarize"]
@@ -49,6 +51,25 @@ def read_text(path: str) -> str:
             return handle.read()
     except OSError:
         return ""
+
+
+def timed_threads(work: Callable[[int], None], threads: int) -> float:
+    """Run ``work(0)`` .. ``work(threads - 1)`` in as many threads, started together
+    behind a barrier; return the seconds from the barrier to the last join."""
+    start = threading.Barrier(threads + 1)
+
+    def run(index: int) -> None:
+        start.wait()
+        work(index)
+
+    workers = [threading.Thread(target=run, args=(index,)) for index in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    return time.perf_counter() - started
 
 
 def machine_info() -> dict[str, Any]:

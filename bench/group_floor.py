@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+
+from bench.common import timed_threads
 
 #: The longest a leader waits for the rest of its group: two fdatasyncs of a fast disk
 #: (the store's GroupCommitService uses the same bound).
@@ -105,21 +106,12 @@ def python_groups(path: str, count: int, threads: int, record_bytes: int) -> flo
         os.write(fd, bytes(record_bytes * per_thread * threads))
         os.fsync(fd)
         groups = _Groups(fd, record_bytes, threads)
-        start = threading.Barrier(threads + 1)
 
-        def writer() -> None:
-            start.wait()
+        def writer(_index: int) -> None:
             for _ in range(per_thread):
                 groups.put()
 
-        workers = [threading.Thread(target=writer) for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        start.wait()
-        started = time.perf_counter()
-        for worker in workers:
-            worker.join()
-        elapsed = time.perf_counter() - started
+        elapsed = timed_threads(writer, threads)
     finally:
         os.close(fd)
     assert groups.syncs > 0

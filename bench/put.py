@@ -44,14 +44,13 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from rocksdict import Options, Rdict
 
-from bench.common import load_sample, machine_info, write_results
+from bench.common import load_sample, machine_info, timed_threads, write_results
 from bench.group_floor import python_groups
 from bench.peers import lmdb_put_one, open_lmdb
 from mqstore import KafkaProducer, MessageStore, StoreConfig
@@ -144,12 +143,10 @@ def mqstore_sync_threads(
     under it (the others run beside it, unprofiled)."""
     store = _store(directory, "sync", threads)
     per_thread = count // threads
-    start = threading.Barrier(threads + 1)
     failures: list[BaseException] = []
 
     def produce(queue_id: int) -> None:
         put = store.put
-        start.wait()
         if queue_id == 0 and profiler is not None:
             profiler.enable()
         try:
@@ -162,14 +159,7 @@ def mqstore_sync_threads(
                 profiler.disable()
 
     try:
-        workers = [threading.Thread(target=produce, args=(i,)) for i in range(threads)]
-        for worker in workers:
-            worker.start()
-        start.wait()
-        started = time.perf_counter()
-        for worker in workers:
-            worker.join()
-        elapsed = time.perf_counter() - started
+        elapsed = timed_threads(produce, threads)
     finally:
         store.close()
     if failures:
