@@ -141,13 +141,17 @@ typedef struct {
 static inline int64_t *out_row(const Columns *run, int row) { return run->out + row * run->width; }
 
 /* Whether a run is worth dropping the GIL for (see COLUMNS_GIL_RELEASE_*). A size is
- * not trusted here (check_run judges it): a negative one counts as nothing. */
+ * not trusted here (check_run judges it): a negative one counts as nothing, and the
+ * sum stays below the bound (it returns before the sum would reach it), so no size
+ * can make it overflow. */
 static int run_releases_gil(const Columns *run) {
     if (run->count >= COLUMNS_GIL_RELEASE_RECORDS_MIN) return 1;
-    int64_t total = 0;
+    int64_t total = 0; /* < COLUMNS_GIL_RELEASE_BYTES_MIN */
     for (Py_ssize_t i = 0; i < run->count; i++) {
-        if (run->sizes[i] > 0) total += run->sizes[i];
-        if (total >= COLUMNS_GIL_RELEASE_BYTES_MIN) return 1;
+        int64_t size = run->sizes[i];
+        if (size <= 0) continue;
+        if (size >= COLUMNS_GIL_RELEASE_BYTES_MIN - total) return 1;
+        total += size;
     }
     return 0;
 }

@@ -1765,7 +1765,7 @@ static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize
                                          "born", "stored"};
     int got = 0;
     PyObject *result = NULL, *last_key = NULL;
-    SlotArray array = {NULL, 0}; /* before any goto done: cleared there */
+    SlotArray array = {.topic = NULL, .viewing = 0}; /* before any goto done: cleared there */
     for (; got < 6; got++)
         if (get_array(args[4 + got], &views[got], itemsizes[got], 1, names[got]) < 0) goto done;
     Py_ssize_t capacity = views[0].len / 4;
