@@ -206,6 +206,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._waiters = Waiters()
+        self._registered = self._waiters.registered  # see appended
         self._round_listener: Callable[[], None] | None = None
         self._round_lock = threading.Lock()
         self._fail_lock = threading.Lock()
@@ -244,7 +245,7 @@ class Dispatcher:
         """The async-flush append listener: while readers of this process wait, kick
         one of them to dispatch in its own thread (dispatch/waiters.py: its wake-up
         replaces the dispatcher thread's, one hop fewer); else wake the thread."""
-        if self._waiters and self._waiters.kick():
+        if self._registered and self._waiters.kick():  # a dict's truthiness: no call
             return
         wake = self._wake
         if not wake.is_set():

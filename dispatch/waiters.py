@@ -71,6 +71,9 @@ class Waiters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[int, _Waiter] = {}  # id(waiter) -> waiter, in arrival order
+        # The same dict, read only outside: its truthiness (a C check, no __len__ call)
+        # is what every append's listener asks first (Dispatcher.appended).
+        self.registered: Final = self._waiters
         self.notified_rounds = 0  # rounds whose notify evaluated at least one waiter
         self.released = 0  # wake-ups handed out by notify
         self.kicks = 0  # kicks handed to a waiter
