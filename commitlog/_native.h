@@ -289,6 +289,13 @@ PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args,
                                      Py_ssize_t nargs);
 PyObject *mqstore_untracked_int_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int mqstore_add_row_type(PyObject *module); /* the type Row, for rows() */
+/* commitlog/_native.c: one record's bytes at dst (room for total; lengths checked). */
+void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int64_t physical,
+                  int64_t born, int64_t stored, int32_t queue_id, uint32_t flags,
+                  const Py_buffer *topic, const Py_buffer *tag, const Py_buffer *keys,
+                  const Py_buffer *props, const Py_buffer *body);
+/* commitlog/_appender.c: AppendLock, Appender, Putter and feed_columns. */
+int mqstore_add_append_types(PyObject *module);
 /* consumequeue/_time.c: the ConsumeQueue time look-up. */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -1,0 +1,790 @@
+/* The CommitLog's append path in C: AppendLock (the append lock C takes without a
+ * Python call), Appender (CommitLog.append's common case in one call), Putter
+ * (MessageStore.put's common case in one call, in front of an Appender) and
+ * feed_columns (the dispatcher's columns of the appender's feed entries).
+ * commitlog/appender.py holds the design and the pure-Python twins. */
+#include "_native.h"
+#include <structmember.h>
+
+#include <time.h>
+
+/* ------------------------------------------------------------------ AppendLock */
+
+/* The CommitLog's append lock (CommitLog._lock when this module is built): a plain
+ * PyThread lock that Appender.append takes without a Python call, and that Python
+ * takes with `with lock:` like a threading.Lock. commitlog/appender.py explains why
+ * one lock covers every path that changes the append state. Not reentrant. */
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    int locked; /* read and written with the GIL held, for release() and locked() */
+} AppendLockObject;
+
+static PyTypeObject AppendLockType;
+
+/* Take the lock; the GIL is released only while waiting for another holder. */
+static void append_lock_take(AppendLockObject *self) {
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    self->locked = 1;
+}
+
+static void append_lock_give(AppendLockObject *self) {
+    self->locked = 0;
+    PyThread_release_lock(self->lock);
+}
+
+static PyObject *append_lock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "AppendLock() takes no arguments");
+        return NULL;
+    }
+    AppendLockObject *self = (AppendLockObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->lock = PyThread_allocate_lock();
+    self->locked = 0;
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_MemoryError, "cannot allocate a lock");
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void append_lock_dealloc(AppendLockObject *self) {
+    if (self->lock != NULL) {
+        if (self->locked) PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *append_lock_acquire(AppendLockObject *self, PyObject *unused) {
+    append_lock_take(self);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *append_lock_release(AppendLockObject *self, PyObject *unused) {
+    if (!self->locked) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    append_lock_give(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *append_lock_exit(AppendLockObject *self, PyObject *const *args, Py_ssize_t n) {
+    return append_lock_release(self, NULL);
+}
+
+static PyObject *append_lock_locked(AppendLockObject *self, PyObject *unused) {
+    return PyBool_FromLong(self->locked);
+}
+
+static PyMethodDef append_lock_methods[] = {
+    {"acquire", (PyCFunction)append_lock_acquire, METH_NOARGS, "Take the lock (blocking)."},
+    {"release", (PyCFunction)append_lock_release, METH_NOARGS, "Give the lock back."},
+    {"locked", (PyCFunction)append_lock_locked, METH_NOARGS, "Whether the lock is held."},
+    {"__enter__", (PyCFunction)append_lock_acquire, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))append_lock_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppendLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commitlog._native.AppendLock",
+    .tp_basicsize = sizeof(AppendLockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The CommitLog's append lock: a non-reentrant lock C takes directly.",
+    .tp_new = append_lock_new,
+    .tp_dealloc = (destructor)append_lock_dealloc,
+    .tp_methods = append_lock_methods,
+};
+
+/* ------------------------------------------------------------------ Appender */
+
+/* The common case of CommitLog.append in one call: checks, queue offset, store
+ * timestamp, encode and checksum, write position, the dispatcher's feed entry and the
+ * append listener. commitlog/appender.py holds the design, the lock argument and the
+ * pure-Python twin (PyAppender), which the tests prove writes the same bytes and
+ * feed entries. append() returns None, having changed nothing, for every case it
+ * leaves to CommitLog's general path: anything to validate or refuse (that path
+ * raises the typed errors), a queue not in the offset table, a roll, the threshold
+ * that prepares the next file, a closed or poisoned log.
+ *
+ * The state lives here (members below), and Python reads and sets it under the same
+ * AppendLock. Nothing set from Python is trusted: the file bounds are checked on every
+ * call without overflow, and the record is written only inside the mapping's buffer. */
+typedef struct {
+    PyObject_HEAD
+    AppendLockObject *lock;
+    PyObject *queue_offsets; /* dict (topic, queue_id) -> next queue offset */
+    PyObject *topics;        /* dict topic str -> its validated bytes (record.py's cache) */
+    PyTypeObject *result_type; /* AppendResult: a tuple subclass of 4 items, no __dict__ */
+    PyObject *mapping;       /* the current file's writable buffer, or None */
+    PyObject *feed;          /* the dispatcher's feed list, or None */
+    PyObject *clock;         /* the store clock (ms), or None: the wall clock */
+    PyObject *listener;      /* called after each append, outside the lock, or None */
+    PyObject *seeds;         /* dict topic -> int64 buffer: next offset by queue id, or None */
+    long long file_start, file_size, write_position, last_store_ts_ms, prepare_next_at;
+    long long record_size_limit, feed_entries_max;
+    char accepting, feed_overflow;
+    PyObject *last_key;      /* the (topic, queue_id) of the last call, reused */
+    long long last_queue_id;
+} AppenderObject;
+
+#define APPEND_QUEUE_ID_MAX INT32_MAX /* queue_id is an i32 in the header, never < 0 */
+
+static PyObject *empty_bytes; /* b"": the tag of untagged records in feed entries */
+
+static int appender_traverse(AppenderObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock);
+    Py_VISIT(self->queue_offsets);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->result_type);
+    Py_VISIT(self->mapping);
+    Py_VISIT(self->feed);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->listener);
+    Py_VISIT(self->seeds);
+    Py_VISIT(self->last_key);
+    return 0;
+}
+
+static int appender_clear(AppenderObject *self) {
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->queue_offsets);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->result_type);
+    Py_CLEAR(self->mapping);
+    Py_CLEAR(self->feed);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->listener);
+    Py_CLEAR(self->seeds);
+    Py_CLEAR(self->last_key);
+    return 0;
+}
+
+static void appender_dealloc(AppenderObject *self) {
+    PyObject_GC_UnTrack(self);
+    appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Appender(lock, queue_offsets, topics, result_type, feed_entries_max) */
+static PyObject *appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *lock, *queue_offsets, *topics, *result_type;
+    long long feed_entries_max;
+    static char *names[] = {"lock", "queue_offsets", "topics", "result_type",
+                            "feed_entries_max", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OL:Appender", names, &AppendLockType,
+                                     &lock, &PyDict_Type, &queue_offsets, &PyDict_Type, &topics,
+                                     &result_type, &feed_entries_max))
+        return NULL;
+    if (!PyDict_CheckExact(queue_offsets) || !PyDict_CheckExact(topics)) {
+        PyErr_SetString(PyExc_TypeError, "queue_offsets and topics must be dicts");
+        return NULL;
+    }
+    /* Built as tuple.__new__ builds a subclass instance: only for a plain subclass. */
+    PyTypeObject *rt = (PyTypeObject *)result_type;
+    if (!PyType_Check(result_type) || !PyType_IsSubtype(rt, &PyTuple_Type) ||
+        rt->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        rt->tp_itemsize != PyTuple_Type.tp_itemsize || rt->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "result_type must be a tuple subclass without a __dict__");
+        return NULL;
+    }
+    if (feed_entries_max < 0) {
+        PyErr_SetString(PyExc_ValueError, "feed_entries_max must be >= 0");
+        return NULL;
+    }
+    AppenderObject *self = (AppenderObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->lock = (AppendLockObject *)Py_NewRef(lock);
+    self->queue_offsets = Py_NewRef(queue_offsets);
+    self->topics = Py_NewRef(topics);
+    self->result_type = (PyTypeObject *)Py_NewRef(result_type);
+    self->mapping = Py_NewRef(Py_None);
+    self->feed = Py_NewRef(Py_None);
+    self->clock = Py_NewRef(Py_None);
+    self->listener = Py_NewRef(Py_None);
+    self->seeds = Py_NewRef(Py_None);
+    self->last_key = NULL;
+    self->last_queue_id = -1;
+    self->file_start = self->file_size = self->write_position = self->last_store_ts_ms = 0;
+    self->prepare_next_at = INT64_MAX;
+    self->record_size_limit = 0;
+    self->feed_entries_max = feed_entries_max;
+    self->accepting = self->feed_overflow = 0;
+    return (PyObject *)self;
+}
+
+/* The sections of one record, as views (only buf and len are used by write_record). */
+typedef struct {
+    Py_buffer topic, tag, keys, props, body;
+    uint32_t flags;
+    int64_t size;
+} Sections;
+
+static inline void set_view(Py_buffer *view, const char *buf, Py_ssize_t len) {
+    view->obj = NULL;
+    view->buf = (void *)buf;
+    view->len = len;
+}
+
+/* The argument checks of append: 1 with every section viewed (release body after), 0
+ * for "the general path" (nothing to release), -1 with an exception. */
+static int append_sections(AppenderObject *self, PyObject *const *args, PyObject *topic_b,
+                           Sections *s) {
+    PyObject *body = args[2], *tag = args[3], *keys = args[5], *props = args[6];
+    set_view(&s->topic, PyBytes_AS_STRING(topic_b), PyBytes_GET_SIZE(topic_b));
+    set_view(&s->keys, PyBytes_AS_STRING(keys), PyBytes_GET_SIZE(keys));
+    set_view(&s->props, PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props));
+    set_view(&s->tag, "", 0);
+    if (tag != Py_None) {
+        if (!PyUnicode_CheckExact(tag)) return 0;
+        Py_ssize_t tag_len;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(tag, &tag_len); /* cached in the str */
+        if (utf8 == NULL) {
+            PyErr_Clear(); /* not encodable: the general path raises the same error */
+            return 0;
+        }
+        if (tag_len > 255) return 0;
+        set_view(&s->tag, utf8, tag_len);
+    }
+    s->flags = 0;
+    if (body == Py_None) {
+        s->flags = FLAG_NULL_BODY;
+        set_view(&s->body, "", 0);
+    } else if (PyBytes_CheckExact(body)) {
+        set_view(&s->body, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+    } else if (PyBytes_Check(body) || PyByteArray_Check(body)) {
+        if (PyObject_GetBuffer(body, &s->body, PyBUF_SIMPLE) < 0) return -1;
+    } else {
+        return 0; /* memoryview and the rest: the general path checks them */
+    }
+    /* Each length is below 2**32 before the sum, so the sum cannot wrap. */
+    if (s->keys.len > 0xFFFF || s->props.len > 0xFFFFFFFFLL || s->body.len > 0xFFFFFFFFLL) {
+        release(&s->body);
+        return 0;
+    }
+    s->size = HEADER_SIZE + s->topic.len + s->tag.len + s->keys.len + s->props.len + s->body.len;
+    if (s->size > self->record_size_limit || s->size > RECORD_SIZE_MAX) {
+        release(&s->body);
+        return 0;
+    }
+    return 1;
+}
+
+/* The store clock in ms: the wall clock as time.time_ns() // 1_000_000, or clock(). */
+static int append_now_ms(PyObject *clock, int64_t *out) {
+    if (clock == NULL || clock == Py_None) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int64_t ns = (int64_t)now.tv_sec * 1000000000LL + (int64_t)now.tv_nsec;
+        *out = ns >= 0 ? ns / 1000000 : -((-ns + 999999) / 1000000); /* floor, as // */
+        return 0;
+    }
+    PyObject *value = PyObject_CallNoArgs(clock);
+    if (value == NULL) return -1;
+    int64_t ms;
+    int bad = as_i64(value, &ms);
+    Py_DECREF(value);
+    if (bad < 0) return -1;
+    *out = ms;
+    return 0;
+}
+
+/* The key of (topic, queue_id): the last call's when it is the same queue. */
+static PyObject *append_key(AppenderObject *self, PyObject *topic, PyObject *queue_id,
+                            long long queue_id_value) {
+    PyObject *last = self->last_key;
+    if (last != NULL && PyTuple_GET_ITEM(last, 0) == topic && self->last_queue_id == queue_id_value)
+        return Py_NewRef(last);
+    PyObject *key = PyTuple_Pack(2, topic, queue_id);
+    if (key == NULL) return NULL;
+    Py_XSETREF(self->last_key, Py_NewRef(key));
+    self->last_queue_id = queue_id_value;
+    return key;
+}
+
+/* What append builds under the lock, before it writes a byte (so that a failed
+ * allocation leaves the log as it was). */
+typedef struct {
+    PyObject *position, *queue_offset, *next_offset, *stored, *size, *entry, *result;
+} Built;
+
+static void built_clear(Built *b) {
+    Py_CLEAR(b->position);
+    Py_CLEAR(b->queue_offset);
+    Py_CLEAR(b->next_offset);
+    Py_CLEAR(b->stored);
+    Py_CLEAR(b->size);
+    Py_CLEAR(b->entry);
+    Py_CLEAR(b->result);
+}
+
+static int append_build(AppenderObject *self, Built *b, int64_t position, int64_t queue_offset,
+                        int64_t stored, const Sections *s, PyObject *const *args, int with_entry) {
+    b->position = PyLong_FromLongLong(position);
+    b->queue_offset = PyLong_FromLongLong(queue_offset);
+    b->next_offset = PyLong_FromLongLong(queue_offset + 1);
+    b->stored = PyLong_FromLongLong(stored);
+    b->size = PyLong_FromLongLong(s->size);
+    if (!b->position || !b->queue_offset || !b->next_offset || !b->stored || !b->size) return -1;
+    PyObject *result = self->result_type->tp_alloc(self->result_type, 4);
+    if (result == NULL) return -1;
+    PyTuple_SET_ITEM(result, 0, Py_NewRef(b->position));
+    PyTuple_SET_ITEM(result, 1, Py_NewRef(b->queue_offset));
+    PyTuple_SET_ITEM(result, 2, Py_NewRef(b->stored));
+    PyTuple_SET_ITEM(result, 3, Py_NewRef(b->size));
+    b->result = result;
+    if (!with_entry) return 0;
+    PyObject *tag_b = s->tag.len ? PyBytes_FromStringAndSize(s->tag.buf, s->tag.len)
+                                 : Py_NewRef(empty_bytes);
+    if (tag_b == NULL) return -1;
+    PyObject *born = args[4] == Py_None ? b->stored : args[4];
+    /* (position, size, topic, queue_id, queue_offset, born, stored, tag, keys) */
+    b->entry = PyTuple_Pack(9, b->position, b->size, args[0], args[1], b->queue_offset, born,
+                            b->stored, tag_b, args[5]);
+    Py_DECREF(tag_b);
+    return b->entry == NULL ? -1 : 0;
+}
+
+/* Where the record goes in the current file (-1 with ValueError when the state set
+ * from Python is out of range; 0: the general path, a roll or the prepare threshold). */
+static int append_place(AppenderObject *self, int64_t size, int64_t *in_file) {
+    int64_t start = self->file_start, file_size = self->file_size, at = self->write_position;
+    if (start < 0 || file_size < 0 || start > INT64_MAX - file_size || at < start ||
+        at - start > file_size) {
+        PyErr_SetString(PyExc_ValueError, "Appender: write_position outside the current file");
+        return -1;
+    }
+    *in_file = at - start;
+    if (size > file_size - *in_file - BLANK_SIZE) return 0; /* the file rolls */
+    if (at + size >= self->prepare_next_at) return 0; /* no wrap: at + size < start + size */
+    return 1;
+}
+
+/* A queue missing from the table: its next offset from the topic's seed (an int64
+ * buffer by queue id, -1 for a queue to load alone); append_locked enters it in the
+ * table before it writes. 1 found, 0 none (the general path), -1 error. */
+static int append_seeded(AppenderObject *self, PyObject *topic, int64_t queue_id,
+                         long long *queue_offset) {
+    PyObject *seeds = self->seeds;
+    if (seeds == NULL || seeds == Py_None) return 0;
+    if (!PyDict_CheckExact(seeds)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: seeds must be a dict or None");
+        return -1;
+    }
+    PyObject *seed = PyDict_GetItemWithError(seeds, topic);
+    if (seed == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_buffer view;
+    Py_INCREF(seed);
+    int got = PyObject_GetBuffer(seed, &view, PyBUF_SIMPLE);
+    Py_DECREF(seed); /* the view holds its own reference */
+    if (got < 0) return -1;
+    int64_t value = -1;
+    int bad = view.len % 8 != 0;
+    if (!bad && queue_id >= 0 && queue_id < view.len / 8)
+        memcpy(&value, (const char *)view.buf + queue_id * 8, 8);
+    PyBuffer_Release(&view);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "Appender: a seed must be a buffer of int64");
+        return -1;
+    }
+    if (value < 0 || value == INT64_MAX) return 0;
+    *queue_offset = value;
+    return 1;
+}
+
+/* Under the lock: 1 appended (b->result set), 0 general path, -1 error. */
+static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *key,
+                         int64_t queue_id, const Sections *s, int64_t born, Built *b) {
+    if (!self->accepting || self->mapping == NULL || self->mapping == Py_None) return 0;
+    PyObject *found = PyDict_GetItemWithError(self->queue_offsets, key);
+    long long queue_offset = -1;
+    int seeded = 0; /* from the seed: the key enters the table before the write */
+    if (found == NULL) {
+        if (PyErr_Occurred()) return -1;
+        seeded = append_seeded(self, args[0], queue_id, &queue_offset);
+        if (seeded <= 0) return seeded;
+    } else {
+        int overflow = 0;
+        queue_offset = PyLong_CheckExact(found) ? PyLong_AsLongLongAndOverflow(found, &overflow) : -1;
+        if (overflow) return 0;
+    }
+    if (queue_offset < 0 || queue_offset == INT64_MAX) return 0;
+    int64_t in_file;
+    int place = append_place(self, s->size, &in_file);
+    if (place <= 0) return place;
+    int64_t position = self->write_position, now_ms;
+    if (append_now_ms(self->clock, &now_ms) < 0) return -1;
+    /* The clock may have run Python code: what is written below was checked above or
+     * is checked against the buffer itself. */
+    if (position != self->write_position) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: the clock moved the write position");
+        return -1;
+    }
+    int64_t stored = now_ms < self->last_store_ts_ms ? self->last_store_ts_ms : now_ms;
+    PyObject *feed = self->feed;
+    int feeding = feed != NULL && feed != Py_None && !self->feed_overflow;
+    if (feeding && !PyList_CheckExact(feed)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: feed must be a list or None");
+        return -1;
+    }
+    int with_entry = feeding && PyList_GET_SIZE(feed) < self->feed_entries_max;
+    if (append_build(self, b, position, queue_offset, stored, s, args, with_entry) < 0) return -1;
+    Py_buffer out;
+    if (PyObject_GetBuffer(self->mapping, &out, PyBUF_WRITABLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) { /* read-only: a caller's mistake */
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "Appender: the mapping must be a writable buffer");
+        }
+        return -1;
+    }
+    if (!slice_inside(in_file, s->size, out.len) || self->file_size > out.len) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "Appender: the mapping is shorter than the file");
+        return -1;
+    }
+    if (seeded && PyDict_SetItem(self->queue_offsets, key, b->queue_offset) < 0) {
+        PyBuffer_Release(&out); /* may allocate: before a byte is written */
+        return -1;
+    }
+    write_record((uint8_t *)out.buf + in_file, (uint32_t)s->size, queue_offset, position,
+                 born < 0 ? stored : born, stored, (int32_t)queue_id, s->flags, &s->topic, &s->tag,
+                 &s->keys, &s->props, &s->body);
+    PyBuffer_Release(&out);
+    /* The key is in the table: replacing its value allocates nothing. */
+    if (PyDict_SetItem(self->queue_offsets, key, b->next_offset) < 0) return -1;
+    self->write_position = position + s->size;
+    self->last_store_ts_ms = stored;
+    if (feeding) {
+        if (!with_entry || PyList_Append(feed, b->entry) < 0) {
+            PyErr_Clear(); /* a full (or unextendable) feed: the dispatcher reads the log */
+            self->feed_overflow = 1;
+        }
+    }
+    return 1;
+}
+
+/* append(topic, queue_id, body, tag, born_ts_ms, keys, properties) -> AppendResult or
+ * None. keys and properties are encoded bytes (b"" for none); see the type's comment. */
+static PyObject *appender_append(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "append takes 7 arguments");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(args[5]) || !PyBytes_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "append: keys and properties must be encoded bytes");
+        return NULL;
+    }
+    PyObject *topic = args[0], *queue_id_obj = args[1], *born_obj = args[4];
+    if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id_obj)) Py_RETURN_NONE;
+    int overflow = 0;
+    long long queue_id = PyLong_AsLongLongAndOverflow(queue_id_obj, &overflow);
+    if (overflow || queue_id < 0 || queue_id > APPEND_QUEUE_ID_MAX) Py_RETURN_NONE;
+    long long born = -1; /* the store timestamp */
+    if (born_obj != Py_None) {
+        if (!PyLong_CheckExact(born_obj)) Py_RETURN_NONE;
+        born = PyLong_AsLongLongAndOverflow(born_obj, &overflow);
+        if (overflow || born < 0) Py_RETURN_NONE;
+    }
+    PyObject *topic_b = PyDict_GetItemWithError(self->topics, topic);
+    if (topic_b == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE; /* not validated yet */
+    }
+    if (!PyBytes_CheckExact(topic_b) || PyBytes_GET_SIZE(topic_b) < 1 ||
+        PyBytes_GET_SIZE(topic_b) > 255) {
+        PyErr_SetString(PyExc_ValueError, "Appender: a cached topic is not 1 to 255 bytes");
+        return NULL;
+    }
+    Py_INCREF(topic_b); /* the clock may run Python code that empties the cache */
+    Sections s;
+    int ok = append_sections(self, args, topic_b, &s);
+    if (ok <= 0) {
+        Py_DECREF(topic_b);
+        if (ok < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *key = append_key(self, topic, queue_id_obj, queue_id);
+    Built b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    int done = -1;
+    if (key != NULL) {
+        AppendLockObject *lock = (AppendLockObject *)Py_NewRef(self->lock);
+        append_lock_take(lock);
+        done = append_locked(self, args, key, queue_id, &s, born, &b);
+        append_lock_give(lock);
+        Py_DECREF(lock);
+        Py_DECREF(key);
+    }
+    release(&s.body);
+    Py_DECREF(topic_b);
+    PyObject *result = done > 0 ? Py_NewRef(b.result) : done == 0 ? Py_NewRef(Py_None) : NULL;
+    built_clear(&b);
+    if (done > 0 && self->listener != NULL && self->listener != Py_None) {
+        PyObject *listener = Py_NewRef(self->listener);
+        PyObject *called = PyObject_CallNoArgs(listener);
+        Py_DECREF(listener);
+        if (called == NULL) Py_CLEAR(result); /* appended; the listener's error propagates */
+        Py_XDECREF(called);
+    }
+    return result;
+}
+
+static PyMethodDef appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL,
+     "append(topic, queue_id, body, tag, born_ts_ms, keys, properties) -> AppendResult, or "
+     "None when CommitLog's general path must do it."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define APPENDER_MEMBER(name, kind, flags) \
+    {#name, kind, offsetof(AppenderObject, name), flags, NULL}
+
+static PyMemberDef appender_members[] = {
+    APPENDER_MEMBER(lock, T_OBJECT, READONLY),
+    APPENDER_MEMBER(queue_offsets, T_OBJECT, READONLY),
+    APPENDER_MEMBER(topics, T_OBJECT, READONLY),
+    APPENDER_MEMBER(result_type, T_OBJECT, READONLY),
+    APPENDER_MEMBER(feed_entries_max, T_LONGLONG, READONLY),
+    APPENDER_MEMBER(mapping, T_OBJECT, 0),
+    APPENDER_MEMBER(feed, T_OBJECT, 0),
+    APPENDER_MEMBER(clock, T_OBJECT, 0),
+    APPENDER_MEMBER(listener, T_OBJECT, 0),
+    APPENDER_MEMBER(seeds, T_OBJECT, 0),
+    APPENDER_MEMBER(file_start, T_LONGLONG, 0),
+    APPENDER_MEMBER(file_size, T_LONGLONG, 0),
+    APPENDER_MEMBER(write_position, T_LONGLONG, 0),
+    APPENDER_MEMBER(last_store_ts_ms, T_LONGLONG, 0),
+    APPENDER_MEMBER(prepare_next_at, T_LONGLONG, 0),
+    APPENDER_MEMBER(record_size_limit, T_LONGLONG, 0),
+    APPENDER_MEMBER(accepting, T_BOOL, 0),
+    APPENDER_MEMBER(feed_overflow, T_BOOL, 0),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commitlog._native.Appender",
+    .tp_basicsize = sizeof(AppenderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "CommitLog.append's common case in one call (see commitlog/appender.py).",
+    .tp_new = appender_new,
+    .tp_dealloc = (destructor)appender_dealloc,
+    .tp_traverse = (traverseproc)appender_traverse,
+    .tp_clear = (inquiry)appender_clear,
+    .tp_methods = appender_methods,
+    .tp_members = appender_members,
+};
+
+/* ------------------------------------------------------------------ feed_columns() */
+
+/* feed_columns(entries, start, end, slot_map, slots, positions, sizes, queue_offsets,
+ *              born, stored) -> (count, flags)
+ * The dispatcher's columns of a run of one-record feed entries (Appender.append's
+ * 9-tuples (position, size, topic, queue_id, queue_offset, born, stored, tag, keys)):
+ * entries[start:] while each is an exact 9-tuple ending at or before end, at most
+ * len(positions) of them. slots (int32) gets the queue's slot, or -1: from
+ * slot_map[topic] when that is a buffer of int32 slots by queue id that holds the id
+ * (-1 in it: no slot), else slot_map[(topic, queue_id)]; the int64 columns and sizes
+ * (int32) get the fields. flags: 1 some entry has a tag, 2 some
+ * has keys, 4 some born differs from its stored. Stops at the first other item (a
+ * BatchFeed); a field of the wrong type is a TypeError, an out-of-range one a
+ * ValueError. commitlog/appender.py has the pure-Python twin, feed_columns_py. */
+enum { FEED_TAGGED = 1, FEED_KEYED = 2, FEED_BORN = 4 };
+
+static int feed_field(PyObject *item, Py_ssize_t at, int64_t *out) {
+    PyObject *value = PyTuple_GET_ITEM(item, at);
+    if (!PyLong_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "feed_columns: a feed entry field is not an int");
+        return -1;
+    }
+    return as_i64(value, out);
+}
+
+/* The slot array of the last topic looked up in slot_map (held while the call runs). */
+typedef struct {
+    PyObject *topic; /* that topic (a strong reference), or NULL */
+    int viewing;     /* view holds its int32 slots by queue id */
+    Py_buffer view;
+} SlotArray;
+
+static void slot_array_clear(SlotArray *a) {
+    if (a->viewing) PyBuffer_Release(&a->view);
+    a->viewing = 0;
+    Py_CLEAR(a->topic);
+}
+
+/* The slot of (topic, queue_id) from slot_map[topic] when that is a buffer holding the
+ * queue id: 1 (*out set), 0 ask the (topic, queue_id) key, -1 error. */
+static int feed_array_slot(PyObject *slot_map, SlotArray *a, PyObject *topic, PyObject *queue_id,
+                           long long *out) {
+    if (a->topic != topic) {
+        slot_array_clear(a);
+        PyObject *found = PyDict_GetItemWithError(slot_map, topic);
+        if (found == NULL && PyErr_Occurred()) return -1;
+        if (found != NULL && !PyLong_CheckExact(found)) {
+            Py_INCREF(found);
+            int got = PyObject_GetBuffer(found, &a->view, PyBUF_SIMPLE);
+            Py_DECREF(found); /* the view holds its own reference */
+            if (got < 0) return -1;
+            a->viewing = 1;
+            if (a->view.len % 4) {
+                slot_array_clear(a);
+                PyErr_SetString(PyExc_ValueError, "feed_columns: a slot array must hold int32");
+                return -1;
+            }
+        }
+        a->topic = Py_NewRef(topic);
+    }
+    if (!a->viewing) return 0;
+    int overflow = 0;
+    long long id = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
+    if (id == -1 && PyErr_Occurred()) return -1;
+    if (overflow || id < 0 || id >= a->view.len / 4) return 0;
+    int32_t slot;
+    memcpy(&slot, (const char *)a->view.buf + id * 4, 4);
+    *out = slot;
+    return 1;
+}
+
+/* One entry into row k: 1 written, 0 the run ends before it, -1 error. */
+static int feed_row(PyObject *item, int64_t end, PyObject *slot_map, SlotArray *array,
+                    PyObject **last_key, long long *last_slot, Py_ssize_t k, int32_t *slots,
+                    int64_t *positions, int32_t *sizes, int64_t *qoffs, int64_t *born,
+                    int64_t *stored, int *flags) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 9) return 0;
+    int64_t position, size;
+    if (feed_field(item, 0, &position) < 0 || feed_field(item, 1, &size) < 0) return -1;
+    if (size < 0 || size > INT32_MAX || position < 0 || position > INT64_MAX - size) {
+        PyErr_SetString(PyExc_ValueError, "feed_columns: a position or size out of range");
+        return -1;
+    }
+    if (position + size > end) return 0;
+    PyObject *topic = PyTuple_GET_ITEM(item, 2), *queue_id = PyTuple_GET_ITEM(item, 3);
+    PyObject *tag = PyTuple_GET_ITEM(item, 7), *keys = PyTuple_GET_ITEM(item, 8);
+    if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id) || !PyBytes_CheckExact(tag) ||
+        !PyBytes_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "feed_columns: a feed entry field has the wrong type");
+        return -1;
+    }
+    if (feed_field(item, 4, &qoffs[k]) < 0 || feed_field(item, 5, &born[k]) < 0 ||
+        feed_field(item, 6, &stored[k]) < 0)
+        return -1;
+    /* The slot: from the topic's slot array, else the last entry's when it is the same
+     * queue (exact str and int: their hash and equality run no Python code). */
+    long long from_array = -1;
+    int answered = feed_array_slot(slot_map, array, topic, queue_id, &from_array);
+    if (answered < 0) return -1;
+    PyObject *last = *last_key;
+    if (answered) {
+        *last_slot = from_array;
+        Py_CLEAR(*last_key);
+    } else if (last == NULL || PyTuple_GET_ITEM(last, 0) != topic ||
+        PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 1), queue_id, Py_EQ) != 1) {
+        PyObject *key = PyTuple_Pack(2, topic, queue_id);
+        if (key == NULL) return -1;
+        PyObject *slot = PyDict_GetItemWithError(slot_map, key);
+        long long value = -1;
+        if (slot == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        if (slot != NULL) {
+            value = PyLong_AsLongLong(slot);
+            if (value == -1 && PyErr_Occurred()) {
+                Py_DECREF(key);
+                return -1;
+            }
+            if (value < INT32_MIN || value > INT32_MAX) value = -1;
+        }
+        Py_XSETREF(*last_key, key);
+        *last_slot = value;
+    }
+    slots[k] = (int32_t)*last_slot;
+    positions[k] = position;
+    sizes[k] = (int32_t)size;
+    *flags |= (PyBytes_GET_SIZE(tag) ? FEED_TAGGED : 0) | (PyBytes_GET_SIZE(keys) ? FEED_KEYED : 0) |
+              (born[k] != stored[k] ? FEED_BORN : 0);
+    return 1;
+}
+
+static PyObject *py_feed_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "feed_columns takes 10 arguments");
+        return NULL;
+    }
+    PyObject *entries = args[0], *slot_map = args[3];
+    int64_t start, end;
+    if (!PyList_CheckExact(entries) || !PyDict_CheckExact(slot_map)) {
+        PyErr_SetString(PyExc_TypeError, "feed_columns: entries must be a list, slot_map a dict");
+        return NULL;
+    }
+    if (as_i64(args[1], &start) < 0 || as_i64(args[2], &end) < 0) return NULL;
+    Py_buffer views[6];
+    static const Py_ssize_t itemsizes[6] = {4, 8, 4, 8, 8, 8};
+    static const char *const names[6] = {"slots", "positions", "sizes", "queue_offsets",
+                                         "born", "stored"};
+    int got = 0;
+    PyObject *result = NULL, *last_key = NULL;
+    SlotArray array = {.topic = NULL, .viewing = 0}; /* before any goto done: cleared there */
+    for (; got < 6; got++)
+        if (get_array(args[4 + got], &views[got], itemsizes[got], 1, names[got]) < 0) goto done;
+    Py_ssize_t capacity = views[0].len / 4;
+    for (int k = 1; k < 6; k++)
+        if (views[k].len / itemsizes[k] != capacity) {
+            PyErr_SetString(PyExc_ValueError, "feed_columns: columns differ in length");
+            goto done;
+        }
+    if (start < 0 || start > PyList_GET_SIZE(entries)) {
+        PyErr_SetString(PyExc_ValueError, "feed_columns: start outside the entries");
+        goto done;
+    }
+    Py_ssize_t count = 0;
+    long long last_slot = -1;
+    int flags = 0;
+    /* The list's size is read again every round; each item is held while in use. */
+    while (count < capacity && start + count < PyList_GET_SIZE(entries)) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(entries, start + count));
+        int row = feed_row(item, end, slot_map, &array, &last_key, &last_slot, count,
+                           views[0].buf, views[1].buf, views[2].buf, views[3].buf, views[4].buf,
+                           views[5].buf, &flags);
+        Py_DECREF(item);
+        if (row < 0) goto done;
+        if (row == 0) break;
+        count++;
+    }
+    result = Py_BuildValue("(ni)", count, flags);
+done:
+    slot_array_clear(&array);
+    Py_XDECREF(last_key);
+    while (got-- > 0) PyBuffer_Release(&views[got]);
+    return result;
+}
+
+static PyMethodDef feed_methods[] = {
+    {"feed_columns", (PyCFunction)(void (*)(void))py_feed_columns, METH_FASTCALL,
+     "Columns of a run of one-record feed entries for the dispatcher; (count, flags)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mqstore_add_append_types(PyObject *m) {
+    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
+    if (empty_bytes == NULL || PyType_Ready(&AppendLockType) < 0 ||
+        PyType_Ready(&AppenderType) < 0)
+        return -1;
+    Py_INCREF(&AppendLockType);
+    if (PyModule_AddObject(m, "AppendLock", (PyObject *)&AppendLockType) < 0) {
+        Py_DECREF(&AppendLockType);
+        return -1;
+    }
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
+        return -1;
+    }
+    return PyModule_AddFunctions(m, feed_methods);
+}
