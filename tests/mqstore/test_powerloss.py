@@ -209,3 +209,105 @@ def test_a_queue_directory_made_before_a_kill_survives_a_later_power_cut(tmp_pat
         assert bodies == [b"m%d" % i for i in range(300)]
     finally:
         mount.unmount()
+
+
+_CLAIM_PHASE = """
+import sys, time
+from bench.powerloss import per_path_syncs
+from mqstore import MessageStore, StoreConfig
+from mqstore.commitlog.checkpoint import CheckpointFile
+
+path, phase = sys.argv[1], sys.argv[2]
+config = StoreConfig(
+    flush_mode="async" if phase == "write" else "sync", prewarm=False,
+    commitlog_file_size_bytes=1 << 20,
+    checkpoint_interval_ms=100 if phase == "write" else 600_000,
+    flush_interval_ms=60_000, flush_thorough_interval_ms=3_600_000,
+    consumequeue_flush_interval_ms=100,
+)
+with per_path_syncs():
+    claim = CheckpointFile(path, read_only=True).load()
+    store = MessageStore.open(path, config)
+    if phase == "seed":
+        store.create_topic("topic", 1)
+        store.put("topic", 0, b"seed")
+        store.close()
+        raise SystemExit(0)
+    if phase == "write":  # async: a checkpoint claims units whose records are unsynced
+        for i in range(300):
+            store.put("topic", 0, b"m%d " % i + bytes(1000))
+        deadline = time.monotonic() + 30
+        while store._checkpoint.dispatched_position < store.commitlog.write_position:
+            assert time.monotonic() < deadline, "no checkpoint claimed the units"
+            time.sleep(0.01)
+        print(store._checkpoint.dispatched_position, store.commitlog.flushed_position,
+              flush=True)
+    if phase == "reopen":  # sync: every put below is acknowledged as durable
+        print(claim.dispatched_position, store.commitlog.write_position, flush=True)
+        first = store.max_offset("topic", 0)
+        for i in range(30):
+            store.put("topic", 0, b"s%d" % i)
+        deadline = time.monotonic() + 30
+        while store.max_offset("topic", 0) < first + 30:  # their units are written
+            assert time.monotonic() < deadline, "not dispatched"
+            time.sleep(0.01)
+        print(store.commitlog.write_position, store.max_offset("topic", 0), flush=True)
+    time.sleep(60)  # until killed
+"""
+
+
+@needs_fuse
+def test_acknowledged_puts_survive_a_second_cut_after_a_reopen_below_the_claim(tmp_path):
+    """The claim fix (b764ae5), against real power cuts. An async writer's checkpoint
+    claims units whose records the flusher never synced; the power goes, so the log
+    ends below the claim. The next writer (sync flush, no checkpoint of its own after
+    the open's) recovers, writes 30 puts it acknowledges as durable, all below the old
+    claim, and is killed; the power goes again, taking their unsynced queue units.
+    Every acknowledged put must be readable from its queue: the reopen below the claim
+    must not leave the old claim vouching for units it never synced."""
+    import subprocess
+    import sys
+
+    from bench.powerfs import Mount
+    from mqstore import MessageStore
+    from mqstore.commitlog.durable import fsync_directory
+
+    mount = Mount(str(tmp_path / "backing"), str(tmp_path / "mnt"))
+    mount.mount()
+    store = os.path.join(mount.mountpoint, "store")
+    os.makedirs(store)
+    fsync_directory(mount.mountpoint)
+
+    def phase(name: str, lines: int = 1) -> list[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CLAIM_PHASE, store, name], stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        said = [child.stdout.readline().strip() for _ in range(lines)]
+        if lines:
+            child.kill()
+        assert child.wait(30) == (-9 if lines else 0)
+        return said
+
+    try:
+        phase("seed", lines=0)
+        claimed, flushed = map(int, phase("write")[0].split())
+        assert flushed < claimed  # the claim covers records that were never synced
+        mount.cut(seed=1)
+        mount.mount()
+        (below, acknowledged) = phase("reopen", lines=2)
+        old_claim, log_end = map(int, below.split())
+        assert log_end < old_claim  # the cut took the log below the claim
+        new_end, queue_end = map(int, acknowledged.split())
+        assert new_end < old_claim  # the acknowledged puts lie below the old claim
+        assert queue_end > 30
+        mount.cut(seed=2)
+        mount.mount()
+        with MessageStore.open(store) as reopened:
+            end = reopened.max_offset("topic", 0)
+            bodies = [bytes(m.body) for m in reopened.get("topic", 0, 0, end + 1)]
+        assert bodies[-30:] == [b"s%d" % i for i in range(30)], bodies[-35:]
+        assert bodies[0] == b"seed" and len(bodies) == end
+    finally:
+        mount.unmount()
