@@ -20,6 +20,7 @@ setup(
                 "consumequeue/_time.c",
                 "segmented/_records.c",
                 "mqstore/broker/_kafka_codec.c",
+                "mqstore/_put.c",
             ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -131,6 +131,8 @@ typedef struct {
     long long file_start, file_size, write_position, last_store_ts_ms, prepare_next_at;
     long long record_size_limit, feed_entries_max;
     char accepting, feed_overflow;
+    char listen;      /* the listener is called only while set (1 when built) */
+    char listen_once; /* set: listen is cleared before each call (the caller re-arms) */
     PyObject *last_key;      /* the (topic, queue_id) of the last call, reused */
     long long last_queue_id;
 } AppenderObject;
@@ -217,6 +219,8 @@ static PyObject *appender_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->record_size_limit = 0;
     self->feed_entries_max = feed_entries_max;
     self->accepting = self->feed_overflow = 0;
+    self->listen = 1;
+    self->listen_once = 0;
     return (PyObject *)self;
 }
 
@@ -525,7 +529,8 @@ static PyObject *appender_append(AppenderObject *self, PyObject *const *args, Py
     Py_DECREF(topic_b);
     PyObject *result = done > 0 ? Py_NewRef(b.result) : done == 0 ? Py_NewRef(Py_None) : NULL;
     built_clear(&b);
-    if (done > 0 && self->listener != NULL && self->listener != Py_None) {
+    if (done > 0 && self->listen && self->listener != NULL && self->listener != Py_None) {
+        if (self->listen_once) self->listen = 0;
         PyObject *listener = Py_NewRef(self->listener);
         PyObject *called = PyObject_CallNoArgs(listener);
         Py_DECREF(listener);
@@ -564,6 +569,8 @@ static PyMemberDef appender_members[] = {
     APPENDER_MEMBER(record_size_limit, T_LONGLONG, 0),
     APPENDER_MEMBER(accepting, T_BOOL, 0),
     APPENDER_MEMBER(feed_overflow, T_BOOL, 0),
+    APPENDER_MEMBER(listen, T_BOOL, 0),
+    APPENDER_MEMBER(listen_once, T_BOOL, 0),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -579,6 +586,12 @@ static PyTypeObject AppenderType = {
     .tp_methods = appender_methods,
     .tp_members = appender_members,
 };
+
+int mqstore_is_appender(PyObject *obj) { return PyObject_TypeCheck(obj, &AppenderType); }
+
+PyObject *mqstore_appender_append(PyObject *appender, PyObject *const *args) {
+    return appender_append((AppenderObject *)appender, args, 7);
+}
 
 /* ------------------------------------------------------------------ feed_columns() */
 

@@ -296,6 +296,12 @@ void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int64_t ph
                   const Py_buffer *props, const Py_buffer *body);
 /* commitlog/_appender.c: AppendLock, Appender, Putter and feed_columns. */
 int mqstore_add_append_types(PyObject *module);
+int mqstore_is_appender(PyObject *obj);
+/* Appender.append's 7 arguments (topic, queue_id, body, tag, born_ts_ms, keys,
+ * properties) on an object mqstore_is_appender accepted. */
+PyObject *mqstore_appender_append(PyObject *appender, PyObject *const *args);
+/* mqstore/_put.c: Putter, MessageStore.put's common case in front of an Appender. */
+int mqstore_add_putter_type(PyObject *module);
 /* consumequeue/_time.c: the ConsumeQueue time look-up. */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -46,9 +46,16 @@ promise to keep it (the injected clock is Python code, and any allocation may ru
 garbage collector and with it finalizers, which may switch threads). The GIL only
 makes each member read or write from Python a whole value.
 
-Two members are set without the lock: ``accepting`` after a poison or a reject
-(``CommitLog._update_accepting``; seal and close set it under the lock), and
-``listener``. Each is one store; a stale
+The listener's gate. ``listener`` is called after an append only while ``listen`` is
+set (True when built). With ``listen_once`` set, the append clears ``listen`` before
+the call, so the listener runs once per arming and whoever armed it re-arms it
+(``CommitLog.arm_append_listener``): the dispatcher does when it goes back to sleep
+and while readers wait (dispatch/dispatcher.py, ``appended``), so the appends in
+between make no Python call. The check and the clear are one step under the GIL.
+
+Four members are set without the lock: ``accepting`` after a poison or a reject
+(``CommitLog._update_accepting``; seal and close set it under the lock), ``listener``,
+``listen`` and ``listen_once``. Each is one store; a stale
 ``accepting`` at worst sends one append to the general path, which checks the log's
 state itself, or lets one append through that raced the failure it would have been
 refused for, as the Python path always did (the failure is set under the flush lock,
@@ -162,6 +169,8 @@ class PyAppender:
         "file_size",
         "file_start",
         "last_store_ts_ms",
+        "listen",
+        "listen_once",
         "listener",
         "lock",
         "mapping",
@@ -200,6 +209,8 @@ class PyAppender:
         self.prepare_next_at = _INT64_MAX
         self.record_size_limit = 0
         self.accepting = self.feed_overflow = False
+        self.listen = True
+        self.listen_once = False
 
     def append(
         self, topic: Any, queue_id: Any, body: Any, tag: Any, born_ts_ms: Any, keys: bytes,
@@ -227,9 +238,11 @@ class PyAppender:
         with self.lock:
             result = self._append_locked(topic, queue_id, born_ts_ms, topic_bytes, keys,
                                          properties, sections)  # fmt: skip
-        if result is not None:
+        if result is not None and self.listen:
             listener = self.listener
             if listener is not None:
+                if self.listen_once:
+                    self.listen = False
                 listener()  # appended; an error here propagates, as from the C call
         return result
 

@@ -377,12 +377,26 @@ class CommitLog:
 
     # ------------------------------------------------------------------ append
 
-    def set_append_listener(self, listener: Callable[[], None] | None) -> None:
+    def set_append_listener(
+        self, listener: Callable[[], None] | None, *, once: bool = False
+    ) -> None:
         """Called (outside the lock) after every flush, and in async flush mode after
         every append: the dispatcher's wake-up when bytes become readable. (In sync
-        mode an append is readable once flushed: waking anyone before is wasted.)"""
+        mode an append is readable once flushed: waking anyone before is wasted.)
+
+        ``once``: the appender's per-message path calls it once per arming
+        (``arm_append_listener``; armed now), the other paths after each append as
+        before. Whoever arms it must start reading the log's end after arming, so that
+        what was appended while it was not armed is read all the same."""
+        appender = self._appender
         self._listener = listener
-        self._appender.listener = listener if self._group_commit is None else None
+        appender.listener = listener if self._group_commit is None else None
+        appender.listen_once = once
+        appender.listen = True
+
+    def arm_append_listener(self) -> None:
+        """Have the next append call the listener (see ``set_append_listener``)."""
+        self._appender.listen = True
 
     def enable_feed(self) -> None:
         """Start keeping, for the dispatcher, what each append wrote (see FeedEntry)."""

@@ -60,6 +60,11 @@ from mqstore.dispatch.waiters import Waiters
 
 __all__ = ["Dispatcher", "TimestampChooser"]
 
+
+def _no_arm() -> None:
+    """The default of ``Dispatcher.set_arm``: a listener called after every append."""
+
+
 #: The longest the dispatcher thread sleeps on an idle store between rounds it was not
 #: woken for (the dispatch interval doubles up to it while rounds find nothing).
 IDLE_WAIT_MAX_S = 0.05
@@ -207,6 +212,8 @@ class Dispatcher:
         self._stop = threading.Event()
         self._waiters = Waiters()
         self._registered = self._waiters.registered  # see appended
+        # Re-arms the append listener when it is called once per arming (set_arm).
+        self._arm: Callable[[], None] = _no_arm
         self._round_listener: Callable[[], None] | None = None
         self._round_lock = threading.Lock()
         self._fail_lock = threading.Lock()
@@ -241,12 +248,22 @@ class Dispatcher:
         if not wake.is_set():
             wake.set()
 
+    def set_arm(self, arm: Callable[[], None]) -> None:
+        """``arm()`` has the next append call ``appended`` again: the listener is then
+        called once per arming (CommitLog.set_append_listener's ``once``). This
+        dispatcher arms it when its thread goes back to sleep (before its rounds read
+        the log's end), while readers wait, and when one starts waiting. Appends
+        between make no Python call: the thread is awake already."""
+        self._arm = arm
+
     def appended(self) -> None:
         """The async-flush append listener: while readers of this process wait, kick
         one of them to dispatch in its own thread (dispatch/waiters.py: its wake-up
         replaces the dispatcher thread's, one hop fewer); else wake the thread."""
-        if self._registered and self._waiters.kick():  # a dict's truthiness: no call
-            return
+        if self._registered:  # a dict's truthiness: no call
+            self._arm()  # every append kicks while readers wait
+            if self._waiters.kick():
+                return
         wake = self._wake
         if not wake.is_set():
             wake.set()
@@ -304,6 +321,7 @@ class Dispatcher:
         while not self._stop.is_set():
             self._wake.wait(idle_s)
             self._wake.clear()
+            self._arm()  # after the clear, before the rounds read the log's end
             try:
                 dispatched = 0
                 while count := self.dispatch_available(ROUND_BYTES_MAX):
@@ -726,6 +744,7 @@ class Dispatcher:
                 (it never will: nothing more is dispatched).
             LimitExceededError: too many readers wait at once (waiters.WAITERS_MAX).
         """
+        self._arm()  # the appends from now on kick (appended), once registered
         return self._waiters.wait(
             has_data, timeout_ms, self.check_failed, self._stop.is_set,
             helper=self._help_from_reader, kick_lost=self.wake,

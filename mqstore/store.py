@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
-from types import TracebackType
+from types import MethodType, TracebackType
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,7 @@ from mqstore.commitlog.lock import (
     power_loss_possible,
     read_abort,
 )
+from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.record import validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.compaction import (
@@ -153,6 +154,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         # empty when not writable. One entry per topic, not per queue (issue 15).
         self._put_topics: dict[str, int] = {}
         self._help_dispatch_past = 0  # put calls _help_dispatch_if_behind past this position
+        self._putter: Any = None  # NATIVE.Putter: put in one C call (_install_put)
         self._append: Callable[..., PutResult]  # commitlog.append, bound once
         # Compacted topics' copies: the writer's, or a read-only view of them.
         self._compaction: CompactionLogs | CopyReader | None = None
@@ -414,7 +416,12 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         # (Dispatcher.appended). Sync: bytes become readable when a sync ends, and its
         # leader dispatches them itself (Dispatcher.dispatch_now).
         sync = self.config.flush_mode == "sync"
-        self.commitlog.set_append_listener(dispatcher.dispatch_now if sync else dispatcher.appended)
+        if sync:
+            self.commitlog.set_append_listener(dispatcher.dispatch_now)
+        else:
+            self.commitlog.set_append_listener(dispatcher.appended, once=True)
+            dispatcher.set_arm(self.commitlog.arm_append_listener)
+            self._install_put()
         self._notifier = Notifier.create(self.root)
         if self._notifier is not None:
             dispatcher.set_round_listener(self._notifier.bump)
@@ -524,6 +531,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             return
         self._closed = True
         self._put_topics.clear()
+        self._uninstall_put()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         if self.read_only:
@@ -559,6 +567,7 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
         when a process dies; the lock is released as the kernel would release it."""
         self._closed = True
         self._put_topics.clear()
+        self._uninstall_put()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         dispatcher = self._dispatcher
@@ -754,6 +763,39 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             self._replicated_wait(self.commitlog.write_position)  # mqstore.store_replica
         return result
 
+    def _install_put(self) -> None:
+        """``put`` in one C call (mqstore/_put.c's Putter, an instance attribute that
+        shadows the method) for an async-flush store of this class built with the C
+        module; the method above is its slow path and its pure-Python twin. Sync
+        flush keeps the method: its wait for the sync is the put's cost."""
+        appender = self.commitlog._appender
+        if NATIVE is None or not isinstance(appender, NATIVE.Appender):
+            return
+        if type(self).put is not MessageStore.put:  # a subclass's put stays in charge
+            return
+        self._putter = NATIVE.Putter(
+            appender, self._put_topics, self._dispatcher,
+            MethodType(MessageStore.put, self), self._help_dispatch_if_behind,
+        )  # fmt: skip
+        self._putter.help_past = self._help_dispatch_past
+        self._put_path_changed()
+        self.put = self._putter.put  # type: ignore[method-assign]
+
+    def _put_path_changed(self) -> None:
+        """The Putter's fast path only while a put needs nothing it leaves out: no
+        replicated wait (set_replicated_wait), an open store."""
+        putter = self._putter
+        if putter is not None:
+            putter.enabled = self._replicated_wait is None and not self._closed
+
+    def _uninstall_put(self) -> None:
+        """Back to the method (closing: also breaks the Putter's cycle to the store)."""
+        putter = self._putter
+        if putter is not None:
+            putter.enabled = False
+            self.__dict__.pop("put", None)
+            self._putter = None
+
     def _check_put(self, topic: str, queue_id: int) -> None:
         """put's checks, for a queue not below its topic's count in ``_put_topics``: the
         store is writable and the queue is a partition of its topic (created or grown
@@ -781,7 +823,9 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
             return
         if position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
             _help_dispatch(dispatcher)
-        self._help_dispatch_past = dispatcher.position + DISPATCH_BACKLOG_MAX_BYTES
+        past = self._help_dispatch_past = dispatcher.position + DISPATCH_BACKLOG_MAX_BYTES
+        if self._putter is not None:
+            self._putter.help_past = past
 
     def put_batch(
         self,

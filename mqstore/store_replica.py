@@ -72,6 +72,9 @@ class ReplicaStore:
         replicas hold the put, or raises NotEnoughReplicasError or
         ReplicationTimeoutError (mqstore.replication.node sets it)."""
         self._replicated_wait = wait
+        self._put_path_changed()
+
+    def _put_path_changed(self) -> None: ...  # MessageStore's: put's C path on or off
 
     def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
 

@@ -53,8 +53,9 @@ esac
 # (time_search, first_reaching) alone and through ConsumeQueue.offset_for_time, and the
 # dispatcher's header scan (dispatch_columns) alone and through the re-dispatch at open,
 # the re-dispatch's check of kept units (units_in_place) alone and through a queue,
-# the Kafka record walk (record_spans) alone and through the segmented cleaner, and the
-# broker's Kafka codec (kafka_batch, kafka_values) alone and through its storage adapter.
+# the Kafka record walk (record_spans) alone and through the segmented cleaner, the
+# broker's Kafka codec (kafka_batch, kafka_values) alone and through its storage adapter,
+# and MessageStore.put's C path (Putter) against the method.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -75,6 +76,7 @@ TESTS=(
     tests/mqstore/broker/test_fetch_batch.py
     tests/mqstore/broker/test_produce_columns.py
     tests/mqstore/broker/test_column_log.py
+    tests/mqstore/test_put.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

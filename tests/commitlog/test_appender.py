@@ -64,7 +64,10 @@ _calls = st.tuples(
     st.sampled_from([b"", encode_properties({"p": b"v"})]),
 ).map(lambda c: (*c[0], *c[1:]))
 _events = _mostly(
-    _calls, st.sampled_from(["close", "reopen", "drain", "no-feed", "threshold", "move"])
+    _calls,
+    st.sampled_from(
+        ["close", "reopen", "drain", "no-feed", "threshold", "move", "once", "always", "arm"]
+    ),
 )
 
 
@@ -104,7 +107,10 @@ def _appender(factory: Any) -> tuple[Any, bytearray, list[str]]:
     return appender, mapping, calls
 
 
-_STATE = ("write_position", "last_store_ts_ms", "feed_overflow", "file_start", "prepare_next_at")
+_STATE = (
+    "write_position", "last_store_ts_ms", "feed_overflow", "file_start", "prepare_next_at",
+    "listen", "listen_once",
+)  # fmt: skip
 
 
 def _state(appender: Any, mapping: bytearray, calls: list[str]) -> Any:
@@ -125,6 +131,12 @@ def _apply(appender: Any, mapping: bytearray, event: Any) -> Any:
         appender.feed = None
     elif event == "threshold":
         appender.prepare_next_at = appender.write_position + 200
+    elif event == "once":  # the listener's gate (CommitLog.set_append_listener's once)
+        appender.listen_once = True
+    elif event == "always":
+        appender.listen_once = False
+    elif event == "arm":
+        appender.listen = True
     elif event == "move":  # the CommitLog rolled: a fresh file
         mapping[:] = bytes(len(mapping))
         appender.file_start += FILE_BYTES
@@ -153,9 +165,32 @@ def test_c_appender_is_its_python_twin(events: list[Any]) -> None:
                 assert after == before  # left to the general path: nothing changed
             if result is not None:
                 assert type(result) is AppendResult
-                assert after[4] == before[4] + 1  # the listener ran once
+                armed = before[3][5]  # listen: the listener runs once, or not (gated)
+                assert after[4] == before[4] + armed
+                assert after[3][5] == (armed and not before[3][6])  # once: disarmed
             outcomes.append((result, after))
         assert outcomes[0] == outcomes[1]
+
+
+@native
+def test_a_listener_called_once_per_arming_is_called_again_only_when_rearmed() -> None:
+    """listen_once: the first append after arming calls the listener and disarms it;
+    the appends after make no call until ``listen`` is set again; a call that left
+    the append to the general path neither calls nor disarms."""
+    assert NATIVE is not None
+    for factory in (NATIVE.Appender, PyAppender):
+        appender, _, calls = _appender(factory)
+        assert appender.listen and not appender.listen_once  # as built: every append
+        appender.listen_once = True
+        assert appender.append("orders", 9, b"x", None, None, b"", b"") is None
+        assert calls == [] and appender.listen
+        for _ in range(3):
+            assert appender.append("orders", 0, b"x", None, None, b"", b"") is not None
+        assert calls == ["appended"] and not appender.listen
+        appender.listen = True
+        appender.append("orders", 0, b"x", None, None, b"", b"")
+        appender.append("orders", 0, b"x", None, None, b"", b"")
+        assert calls == ["appended"] * 2
 
 
 @native

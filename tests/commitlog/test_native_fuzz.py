@@ -875,6 +875,74 @@ def test_fuzz_appender(state: dict[str, Any], data: st.DataObject) -> None:
         assert appender.write_position == twin.write_position
 
 
+class _Holder:
+    """The Putter's failure holder (the store's dispatcher)."""
+
+    def __init__(self, failure: Any) -> None:
+        self.failure = failure
+
+
+@FUZZ
+@given(appender_states(), st.data())
+def test_fuzz_putter(state: dict[str, Any], data: st.DataObject) -> None:
+    """MessageStore.put's C path (mqstore/_put.c) over a hostile Appender, with
+    hostile limits, failure holder, threshold and calls: it appends inside the mapping
+    (then calls help only past help_past), or hands the call to ``slow`` having
+    changed nothing, or raises; the append lock is never left held."""
+    assert NATIVE is not None
+    lock = NATIVE.AppendLock()
+    try:
+        appender, mapping = _fuzz_appender(NATIVE.Appender, lock, state, ())
+    except C_ERRORS:
+        return
+    limit = mostly(st.just(1), st.sampled_from(["1", -1, 0, 2**70, True, None]))
+    limits = data.draw(mostly(st.builds(lambda n: {"t": n}, limit), st.just({})))
+    failure = data.draw(mostly(st.none(), st.just(RuntimeError("failed"))))
+    slow_calls: list[Any] = []
+    helped: list[int] = []
+
+    def slow(*args: Any, **kwargs: Any) -> str:
+        slow_calls.append((args, kwargs))
+        return "slow"
+
+    putter = NATIVE.Putter(appender, limits, _Holder(failure), slow, helped.append)
+    putter.enabled = data.draw(mostly(st.just(True), st.just(False)))
+    putter.help_past = past = data.draw(mostly(st.just(INT64_MAX), i64))
+    args = data.draw(
+        mostly(
+            st.tuples(st.just("t"), st.just(0), st.binary(max_size=60) | st.none()),
+            st.tuples(st.sampled_from(["t", b"t", "u"]), hostile_int | st.just(True),
+                      st.just("text") | st.just(memoryview(b"m")))
+            | st.just(("t", 0)) | st.just(("t", 0, b"x", "extra")),
+        )
+    )  # fmt: skip
+    value = st.none() | st.sampled_from(["", (), [], {}, ["k"], {"p": "v"}, "tag"]) | hostile_int
+    kwargs = data.draw(
+        mostly(
+            st.just({}),
+            st.dictionaries(st.sampled_from(["tag", "keys", "properties",
+                                             "born_timestamp_ms", "colour"]), value,
+                            max_size=3),
+        )
+    )  # fmt: skip
+    before = None if mapping is None else bytes(mapping)
+    TRIED["Putter"] += 1
+    try:
+        result = putter.put(*args, **kwargs)
+    except (*C_ERRORS, RuntimeError):
+        result = None  # a refusal: the Appender wrote nothing (test_fuzz_appender)
+    else:
+        ACCEPTED["Putter"] += 1
+    assert not lock.locked()
+    if result == "slow" or result is None:
+        assert mapping is None or bytes(mapping) == before
+        assert helped == []
+    else:
+        assert slow_calls == []
+        assert type(result).__name__ == "AppendResult"
+        assert helped == ([result[0]] if result[0] > past else [])
+
+
 @FUZZ
 @given(st.data())
 def test_fuzz_feed_columns(data: st.DataObject) -> None:
@@ -1093,7 +1161,7 @@ def test_zz_every_native_function_was_fuzzed() -> None:
     the whole module ran, every function the C module exports must be among them."""
     assert NATIVE is not None
     # Types: Row is fuzzed through the function that makes its objects (rows);
-    # AppendLock and Appender, which callers construct, directly.
+    # AppendLock, Appender and Putter, which callers construct, directly.
     exported = sorted(
         name
         for name in dir(NATIVE)
@@ -1109,6 +1177,6 @@ def test_zz_every_native_function_was_fuzzed() -> None:
             json.dump({"examples_setting": EXAMPLES, "functions": tally}, out, indent=1)
     if len(TRIED) < 2:
         pytest.skip("run the whole module to check coverage")
-    # Every function, and the types a caller constructs (AppendLock, Appender) besides.
+    # Every function, and the types a caller constructs (AppendLock, Appender, Putter).
     assert sorted(set(exported) - set(TRIED)) == []
     assert [name for name in TRIED if not hasattr(NATIVE, name)] == []
