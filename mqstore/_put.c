@@ -1,7 +1,7 @@
 /*
  * commitlog._native: Putter, MessageStore.put's common case in one C call.
  *
- * Putter(appender, limits, holder, slow, help) is built by the store (mqstore/store.py,
+ * Putter(appender, limits, holder, slow, help) is built by the store (mqstore/store_write.py,
  * _install_put) over its CommitLog's Appender. Its bound method put(topic, queue_id,
  * body, *, keys=(), tag=None, properties=None, born_timestamp_ms=None) becomes the
  * store's `put`. For a message with nothing rare about it, it does in C what the

@@ -744,7 +744,7 @@ def test_a_put_is_never_failed_by_the_dispatch_it_helps_with(open_store, monkeyp
     dispatches before it returns; when that dispatch failed (a full disk for a new
     ConsumeQueue file), the put raised DiskFullError although its record was already
     in the log, so the caller counted an unwritten record that was there."""
-    from mqstore import store as store_module
+    from mqstore import store_write as store_module
     from mqstore.commitlog.errors import DiskFullError
 
     store = open_store()
@@ -802,7 +802,7 @@ def test_put_checks_a_queue_once_and_still_refuses_what_it_must(tmp_path, open_s
 def test_put_helps_dispatch_past_the_backlog(open_store, monkeypatch):
     """Backpressure still holds with put's threshold: a producer far ahead of the
     dispatcher dispatches before its put returns."""
-    from mqstore import store as store_module
+    from mqstore import store_write as store_module
 
     monkeypatch.setattr(store_module, "DISPATCH_BACKLOG_MAX_BYTES", 1_000)
     store = open_store(StoreConfig(**{**SMALL, "dispatch_interval_ms": 1_000}))
