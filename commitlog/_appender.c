@@ -534,7 +534,10 @@ static PyObject *appender_append(AppenderObject *self, PyObject *const *args, Py
         PyObject *listener = Py_NewRef(self->listener);
         PyObject *called = PyObject_CallNoArgs(listener);
         Py_DECREF(listener);
-        if (called == NULL) Py_CLEAR(result); /* appended; the listener's error propagates */
+        if (called == NULL) { /* appended; the listener's error propagates */
+            self->listen = 1; /* and the next append calls it again */
+            Py_CLEAR(result);
+        }
         Py_XDECREF(called);
     }
     return result;

@@ -51,7 +51,8 @@ set (True when built). With ``listen_once`` set, the append clears ``listen`` be
 the call, so the listener runs once per arming and whoever armed it re-arms it
 (``CommitLog.arm_append_listener``): the dispatcher does when it goes back to sleep
 and while readers wait (dispatch/dispatcher.py, ``appended``), so the appends in
-between make no Python call. The check and the clear are one step under the GIL.
+between make no Python call. The check and the clear are one step under the GIL. A
+listener that raises is left armed: the next append calls it again.
 
 Four members are set without the lock: ``accepting`` after a poison or a reject
 (``CommitLog._update_accepting``; seal and close set it under the lock), ``listener``,
@@ -243,7 +244,11 @@ class PyAppender:
             if listener is not None:
                 if self.listen_once:
                     self.listen = False
-                listener()  # appended; an error here propagates, as from the C call
+                try:
+                    listener()  # appended; an error here propagates, as from the C call
+                except BaseException:
+                    self.listen = True  # and the next append calls it again
+                    raise
         return result
 
     def _sections(

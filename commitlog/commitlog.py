@@ -666,6 +666,9 @@ class CommitLog:
         topic_bytes = validate_topic(topic)
         if type(queue_id) is not int or not 0 <= queue_id <= QUEUE_ID_MAX:
             check_queue_id(queue_id)
+            queue_id = int.__int__(queue_id)  # an int subclass (IntEnum): the feed takes ints
+        if type(topic) is not str:
+            topic = topic_bytes.decode("utf-8")  # a str subclass: the same, exactly a str
         given = body
         flags = 0
         if type(body) is not bytes:

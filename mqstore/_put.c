@@ -40,6 +40,7 @@ typedef struct {
     PyObject *slow;     /* the Python put, for everything else */
     PyObject *help;     /* help(position): backpressure past help_past */
     long long help_past;
+    long long slow_calls; /* calls handed to slow: what the tests count */
     char enabled;
 } PutterObject;
 
@@ -92,6 +93,7 @@ static PyObject *putter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->slow = Py_NewRef(slow);
     self->help = Py_NewRef(help);
     self->help_past = 0;
+    self->slow_calls = 0;
     self->enabled = 0;
     return (PyObject *)self;
 }
@@ -158,14 +160,27 @@ static int queue_ready(PutterObject *self, PyObject *topic, PyObject *queue_id) 
     return none;
 }
 
+static PyObject *slow_path(PutterObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    self->slow_calls++;
+    PyObject *slow = Py_NewRef(self->slow);
+    PyObject *result = PyObject_Vectorcall(slow, args, nargs, kwnames);
+    Py_DECREF(slow);
+    return result;
+}
+
 static PyObject *putter_put(PutterObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames) {
+    if (self->slow == NULL) { /* cleared by the cyclic GC: nothing left to call */
+        PyErr_SetString(PyExc_RuntimeError, "Putter: cleared");
+        return NULL;
+    }
     PyObject *tag, *born;
     if (!self->enabled || !common_arguments(args, nargs, kwnames, &tag, &born))
-        return PyObject_Vectorcall(self->slow, args, nargs, kwnames);
+        return slow_path(self, args, nargs, kwnames);
     int ready = queue_ready(self, args[0], args[1]);
     if (ready < 0) return NULL;
-    if (ready == 0) return PyObject_Vectorcall(self->slow, args, nargs, kwnames);
+    if (ready == 0) return slow_path(self, args, nargs, kwnames);
     PyObject *appender = Py_NewRef(self->appender); /* the call may run Python code */
     PyObject *argv[7] = {args[0], args[1], args[2], tag, born, no_bytes, no_bytes};
     PyObject *result = mqstore_appender_append(appender, argv);
@@ -173,7 +188,7 @@ static PyObject *putter_put(PutterObject *self, PyObject *const *args, Py_ssize_
     if (result == NULL) return NULL;
     if (result == Py_None) { /* changed nothing: the general path's turn */
         Py_DECREF(result);
-        return PyObject_Vectorcall(self->slow, args, nargs, kwnames);
+        return slow_path(self, args, nargs, kwnames);
     }
     /* An AppendResult: a tuple of 4 whose first item is the record's position. */
     PyObject *position = PyTuple_GET_ITEM(result, 0);
@@ -192,8 +207,9 @@ static PyObject *putter_put(PutterObject *self, PyObject *const *args, Py_ssize_
 
 static PyMethodDef putter_methods[] = {
     {"put", (PyCFunction)(void (*)(void))putter_put, METH_FASTCALL | METH_KEYWORDS,
-     "put(topic, queue_id, body, *, keys=(), tag=None, properties=None, "
-     "born_timestamp_ms=None) -> PutResult: MessageStore.put (see its docstring)."},
+     "put($self, topic, queue_id, body, *, keys=(), tag=None, properties=None,\n"
+     "    born_timestamp_ms=None)\n--\n\n"
+     "Append one message: MessageStore.put in one C call (see its docstring)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -206,6 +222,7 @@ static PyMemberDef putter_members[] = {
     PUTTER_MEMBER(slow, T_OBJECT, READONLY),
     PUTTER_MEMBER(help, T_OBJECT, READONLY),
     PUTTER_MEMBER(help_past, T_LONGLONG, 0),
+    PUTTER_MEMBER(slow_calls, T_LONGLONG, READONLY),
     PUTTER_MEMBER(enabled, T_BOOL, 0),
     {NULL, 0, 0, 0, NULL},
 };

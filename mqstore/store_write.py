@@ -143,7 +143,8 @@ class StoreWriter:
         putter = self._putter
         if putter is not None:
             putter.enabled = False
-            self.__dict__.pop("put", None)
+            if self.__dict__.get("put") == putter.put:  # not a wrapper set since
+                del self.__dict__["put"]
             self._putter = None
 
     def _check_put(self, topic: str, queue_id: int) -> None:
@@ -174,8 +175,9 @@ class StoreWriter:
         if position - dispatcher.position > DISPATCH_BACKLOG_MAX_BYTES:
             _help_dispatch(dispatcher)
         past = self._help_dispatch_past = dispatcher.position + DISPATCH_BACKLOG_MAX_BYTES
-        if self._putter is not None:
-            self._putter.help_past = past
+        putter = self._putter  # read once: a close in another thread may drop it
+        if putter is not None:
+            putter.help_past = past
 
     def put_batch(
         self,

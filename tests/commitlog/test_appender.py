@@ -194,6 +194,29 @@ def test_a_listener_called_once_per_arming_is_called_again_only_when_rearmed() -
 
 
 @native
+def test_a_listener_that_raises_stays_armed() -> None:
+    """An error from the listener propagates (the record is appended) and leaves the
+    gate open: the next append calls it again instead of leaving the wake-up lost."""
+    assert NATIVE is not None
+    for factory in (NATIVE.Appender, PyAppender):
+        appender, _, _ = _appender(factory)
+        calls: list[int] = []
+
+        def listener(calls: list[int] = calls) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+
+        appender.listener, appender.listen_once = listener, True
+        end = appender.write_position
+        with pytest.raises(KeyboardInterrupt):
+            appender.append("orders", 0, b"x", None, None, b"", b"")
+        assert appender.write_position > end and appender.listen
+        appender.append("orders", 0, b"x", None, None, b"", b"")
+        assert calls == [1, 1] and not appender.listen
+
+
+@native
 def test_the_clock_is_called_only_for_an_append() -> None:
     """A roll or a queue not loaded is decided before the clock is read: the general
     path reads it once for the record it appends."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import struct
 import threading
@@ -629,3 +630,145 @@ def test_a_kicked_reader_of_another_queue_dispatches_for_the_right_one(parts):
     first.join(SPIN_TIMEOUT_S)
     assert results[1] is False  # nothing for queue 1: it timed out, after helping
     assert dispatcher._waiters.kicks == 1
+
+
+# ---------------------------------------------------------------- the listener's gate
+# Dispatcher.appended is called once per arming (CommitLog.set_append_listener's once).
+# With a 1 s dispatch interval a lost wake-up shows as a put dispatched only by the
+# thread's timer, up to a second later; STALL_S sits far above a prompt dispatch and far
+# below that. (Written by the review of the one-call put: each fails when one of the
+# arms in dispatcher.py is removed.)
+
+STALL_S = 0.25
+
+
+def _gated_store(path: Any) -> MessageStore:
+    from tests.mqstore.conftest import SMALL
+
+    store = MessageStore.open(path, StoreConfig(**{**SMALL, "dispatch_interval_ms": 1000}))
+    store.create_topic("t", 4)
+    return store
+
+
+def _until_dispatched(store: MessageStore, end: int, limit_s: float = 2.0) -> float:
+    """Seconds until the dispatcher reaches ``end`` (at most about ``limit_s``)."""
+    start = time.monotonic()
+    while store._dispatcher.position < end and time.monotonic() - start <= limit_s:
+        time.sleep(0.0002)
+    return time.monotonic() - start
+
+
+def test_single_puts_after_idle_are_dispatched_promptly(tmp_path) -> None:
+    store = _gated_store(tmp_path / "s")
+    pauses = random.Random(1)
+    try:
+        worst = 0.0
+        for i in range(150):
+            time.sleep(pauses.choice([0, 0.0005, 0.003]))
+            store.put("t", i % 4, b"x")
+            worst = max(worst, _until_dispatched(store, store.commitlog.write_position))
+        assert worst < STALL_S, worst
+    finally:
+        store.close()
+
+
+def test_bursts_of_concurrent_writers_are_dispatched_promptly(tmp_path) -> None:
+    store = _gated_store(tmp_path / "s")
+    sizes = random.Random(2)
+    try:
+        worst = 0.0
+        for _ in range(40):
+            counts = [sizes.randint(1, 50) for _ in range(4)]
+
+            def burst(queue_id: int, count: int) -> None:
+                for _ in range(count):
+                    store.put("t", queue_id, b"y" * 10)
+
+            writers = [threading.Thread(target=burst, args=(q, n)) for q, n in enumerate(counts)]
+            for writer in writers:
+                writer.start()
+            for writer in writers:
+                writer.join()
+            worst = max(worst, _until_dispatched(store, store.commitlog.write_position))
+        assert worst < STALL_S, worst
+    finally:
+        store.close()
+
+
+def test_a_waiting_reader_is_woken_promptly_by_one_put(tmp_path) -> None:
+    store = _gated_store(tmp_path / "s")
+    pauses = random.Random(3)
+    try:
+        worst = 0.0
+        for i in range(100):
+            woke: list[tuple[bool, float]] = []
+
+            def read(offset: int = i, woke: list[tuple[bool, float]] = woke) -> None:
+                ready = store.wait_for("t", 0, offset, 5000)
+                woke.append((ready, time.monotonic()))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            time.sleep(pauses.choice([0, 0.001, 0.005]))
+            store.put("t", 0, b"z")
+            put_at = time.monotonic()
+            reader.join()
+            ((ready, at),) = woke
+            assert ready
+            worst = max(worst, at - put_at)
+        assert worst < STALL_S, worst
+    finally:
+        store.close()
+
+
+def test_puts_are_dispatched_promptly_while_readers_of_another_queue_come_and_go(tmp_path):
+    store = _gated_store(tmp_path / "s")
+    stop = threading.Event()
+
+    def reader(seed: int) -> None:
+        timeouts = random.Random(seed)
+        while not stop.is_set():
+            store.wait_for("t", 3, 10**9, timeouts.choice([1, 2, 5]))
+
+    readers = [threading.Thread(target=reader, args=(seed,)) for seed in range(3)]
+    for thread in readers:
+        thread.start()
+    pauses = random.Random(4)
+    try:
+        worst = 0.0
+        for i in range(300):
+            time.sleep(pauses.choice([0, 0.0003, 0.002]))
+            store.put("t", i % 3, b"w")
+            worst = max(worst, _until_dispatched(store, store.commitlog.write_position))
+        assert worst < STALL_S, worst
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+        store.close()
+
+
+def test_puts_are_dispatched_promptly_while_a_reader_of_another_queue_waits_long(tmp_path):
+    """The parked reader is kicked by every put (appended re-arms while it waits)."""
+    store = _gated_store(tmp_path / "s")
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            store.wait_for("t", 3, 10**9, 200)
+
+    parked = threading.Thread(target=reader)
+    parked.start()
+    pauses = random.Random(5)
+    try:
+        time.sleep(0.05)
+        worst = 0.0
+        for _ in range(150):
+            time.sleep(pauses.choice([0, 0.0005, 0.003]))
+            store.put("t", 0, b"v")
+            worst = max(worst, _until_dispatched(store, store.commitlog.write_position))
+        assert worst < STALL_S, worst
+    finally:
+        done.set()
+        parked.join()
+        store.close()

@@ -96,11 +96,16 @@ def test_the_c_put_writes_what_the_method_writes(tmp_path_factory, puts) -> None
     return the same results and leave the same log bytes and messages."""
     root = tmp_path_factory.mktemp("twins")
     fast, slow = _open(root / "fast"), _open(root / "slow")
+    handed_over, topics_seen = 0, set()
     try:
         for (topic, queue_id), body, options in puts:
             got = fast.put(topic, queue_id, body, **options)
             want = MessageStore.put(slow, topic, queue_id, body, **options)
             assert got == want and type(got) is type(want)
+            plain = options.get("keys") in ((), [], "", None) and not options.get("properties")
+            handed_over += not plain or topic not in topics_seen  # the method's puts
+            topics_seen.add(topic)
+        assert fast._putter.slow_calls == handed_over  # every other put was C's alone
         assert _log_bytes(fast) == _log_bytes(slow)
         for topic, queue_id in (("orders", 0), ("orders", 2), ("a", 0)):
             mine = [(m.body, m.tag, m.keys) for m in fast.get(topic, queue_id, 0, 100)]
@@ -284,3 +289,54 @@ def test_the_help_hook_runs_past_its_position_and_its_error_follows_the_append(t
         assert store.commitlog.write_position > end
     finally:
         store.close()
+
+
+def test_a_str_subclass_topic_and_an_int_subclass_queue_id_are_dispatched(tmp_path) -> None:
+    """Regression (review of the one-call put): the general path put the caller's own
+    topic and queue id objects in the dispatcher's feed, whose C reader takes only an
+    exact str and int; one IntEnum queue id stopped dispatch for the whole store (the
+    dispatcher retried the round forever), then failed puts past the backlog."""
+    import enum
+    import time
+
+    class Queue(enum.IntEnum):
+        FIRST = 0
+
+    class Topic(str):
+        pass
+
+    store = _open(tmp_path / "s")
+    try:
+        for i in range(300):
+            store.put(Topic("orders"), Queue.FIRST, b"m%d" % i)
+        deadline = time.monotonic() + 10
+        while store.max_offset("orders", 0) < 300:
+            assert time.monotonic() < deadline, "not dispatched"
+            time.sleep(0.005)
+        assert [bytes(m.body) for m in store.get("orders", 0, 298, 5)] == [b"m298", b"m299"]
+    finally:
+        store.close()
+
+
+@native
+def test_put_has_the_methods_signature_and_close_keeps_a_users_wrapper(tmp_path) -> None:
+    import inspect
+
+    store = _open(tmp_path / "s")
+
+    def shape(function: Any) -> list[tuple[str, Any, Any]]:
+        parameters = inspect.signature(function).parameters.values()
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    assert shape(store.put) == shape(MessageStore.put.__get__(store, MessageStore))
+    calls: list[Any] = []
+    fast = store.put
+
+    def audited(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return fast(*args, **kwargs)
+
+    store.put = audited  # type: ignore[method-assign]
+    store.put("orders", 0, b"x")
+    store.close()
+    assert store.put is audited and len(calls) == 1
