@@ -21,6 +21,7 @@ setup(
                 "segmented/_records.c",
                 "mqstore/broker/_kafka_codec.c",
                 "mqstore/_put.c",
+                "consumequeue/_runs.c",
             ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -302,6 +302,8 @@ int mqstore_is_appender(PyObject *obj);
 PyObject *mqstore_appender_append(PyObject *appender, PyObject *const *args);
 /* mqstore/_put.c: Putter, MessageStore.put's common case in front of an Appender. */
 int mqstore_add_putter_type(PyObject *module);
+/* consumequeue/_runs.c: runs_append, the shared unit log's pass over its units. */
+int mqstore_add_runs_functions(PyObject *module);
 /* consumequeue/_time.c: the ConsumeQueue time look-up. */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -40,13 +40,11 @@ import itertools
 import logging
 import mmap
 import os
-from array import array
 from collections.abc import Callable
 from typing import Final
 
 import numpy as np
 
-from mqstore.commitlog.columns import untracked_int_array as _untracked
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import (
     FILE_NAME_DIGITS,
@@ -65,6 +63,7 @@ from mqstore.consumequeue.mapped_file import (
     sync_path,
 )
 from mqstore.consumequeue.shared_ends import read_ends, write_ends
+from mqstore.consumequeue.shared_runs import SharedRun, runs_append
 
 __all__ = ["RESERVE_CHUNK_BYTES", "SharedRun", "SharedUnitLog", "SharedVerifier"]
 
@@ -77,51 +76,6 @@ _SIZE_AT: Final = 8  # byte position of the size field in a record (tombstones z
 assert SHARED_RECORD.fields is not None and SHARED_RECORD.fields["size"][1] == _SIZE_AT
 _FILE_NAME_FORMAT: Final = f"%0{FILE_NAME_DIGITS}d"
 FOLLOW_CHUNK_RECORDS: Final = 4096  # records a reader's follow() scans per step (160 KiB)
-
-
-_new_array: Final = array.__new__
-
-
-class SharedRun(array):
-    """The units of one queue in the log: the record index of offset
-    ``first_offset + i`` is ``run[i]`` (the run IS its int64 array of positions).
-
-    One object per queue, not a run holding an array, and out of the cyclic garbage
-    collector (``untracked_int_array``: raw int64 items and two int slots cannot form
-    a cycle): with 100,000 queues every full collection walked 100,000 runs (issue 15:
-    a third of the putting thread's time went to collections). So the slots hold ints
-    only, always."""
-
-    __slots__ = ("first_offset", "min_offset")
-
-    first_offset: int
-    min_offset: int
-
-    def __new__(cls, first_offset: int, position: int | None = None) -> SharedRun:
-        """An empty run at ``first_offset``, or one of a unit at record ``position``."""
-        run = array.__new__(cls, "q") if position is None else array.__new__(cls, "q", (position,))
-        assert isinstance(run, SharedRun)
-        run.first_offset = first_offset
-        run.min_offset = first_offset
-        return _untracked(run)
-
-    @classmethod
-    def of_unit(cls, first_offset: int, position: int) -> SharedRun:
-        """``SharedRun(first_offset, position)`` without the class call's ``__new__``
-        dispatch (append makes one per new queue: 100,000 at 100,000 queues)."""
-        run: SharedRun = _new_array(cls, "q", (position,))  # type: ignore[assignment]
-        run.first_offset = run.min_offset = first_offset
-        return _untracked(run)
-
-    @property
-    def positions(self) -> SharedRun:
-        """The record indexes (the run itself)."""
-        return self
-
-    @property
-    def end(self) -> int:
-        """The next queue offset after the run."""
-        return self.first_offset + len(self)
 
 
 class SharedUnitLog:
@@ -222,22 +176,10 @@ class SharedUnitLog:
         # queue before a pass to append cost two per-unit loops: issue 15.)
         first = self._end
         runs = self.runs
-        find, new_run = runs.get, SharedRun.of_unit
-        started: dict[int, SharedRun | None] = {}  # runs begun here: what they replaced
-        count = 0
-        ids = queue_ids[:total].tolist()
-        # map(find, ...) is lazy: each unit sees the runs the units before it made.
-        for run, queue_id, queue_offset in zip(
-            map(find, ids), ids, queue_offsets[:total].tolist(), strict=True
-        ):
-            if not run:  # None, or empty: may start anywhere
-                runs[queue_id] = new_run(queue_offset, first + count)
-                started[queue_id] = run
-            elif run.first_offset + len(run) == queue_offset:
-                run.append(first + count)
-            else:
-                break
-            count += 1
+        # runs begun here: what they replaced (consumequeue/shared_runs.py)
+        ids = np.ascontiguousarray(queue_ids[:total], dtype=np.int32)
+        offsets = np.ascontiguousarray(queue_offsets[:total], dtype=np.int64)
+        count, started = runs_append(runs, SharedRun.of_unit, ids, offsets, first, total)
         if count == 0:
             return 0
         try:  # from here on a failure (the write, or building its records) sets back

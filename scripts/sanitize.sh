@@ -55,7 +55,8 @@ esac
 # the re-dispatch's check of kept units (units_in_place) alone and through a queue,
 # the Kafka record walk (record_spans) alone and through the segmented cleaner, the
 # broker's Kafka codec (kafka_batch, kafka_values) alone and through its storage adapter,
-# and MessageStore.put's C path (Putter) against the method.
+# MessageStore.put's C path (Putter) against the method, and the shared unit log's pass
+# over its units (runs_append) alone and through the log.
 TESTS=(
     tests/commitlog/test_native.py
     tests/commitlog/test_native_fuzz.py
@@ -77,6 +78,8 @@ TESTS=(
     tests/mqstore/broker/test_produce_columns.py
     tests/mqstore/broker/test_column_log.py
     tests/mqstore/test_put.py
+    tests/consumequeue/test_shared_runs.py
+    tests/consumequeue/test_shared_log.py
 )
 
 echo "sanitize: scratch copy in $SCRATCH (mode $MODE, $EXAMPLES fuzz examples per function)"

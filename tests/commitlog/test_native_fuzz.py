@@ -943,6 +943,63 @@ def test_fuzz_putter(state: dict[str, Any], data: st.DataObject) -> None:
         assert helped == ([result[0]] if result[0] > past else [])
 
 
+class _OddRun(list):  # a run whose first_offset is not an int
+    first_offset = "x"
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_runs_append(data: st.DataObject) -> None:
+    """The shared log's pass (consumequeue/_runs.c) with hostile runs (not sized, no
+    first_offset, a first_offset that is not an int or sits at the int64 edge), a
+    new_run that raises, arrays of the wrong item size or too short, first and total
+    at the edges: it returns or raises, and when it returns it agrees with the twin."""
+    from mqstore.consumequeue.shared_runs import SharedRun, runs_append_py
+
+    assert NATIVE is not None
+
+    def hostile_run() -> Any:
+        return st.sampled_from([7, "ab", _OddRun([1]), None]) | st.builds(
+            lambda first: SharedRun(first, 1), i64.filter(lambda v: v >= 0)
+        )
+
+    def runs_of(draw_seed: list[Any]) -> dict[int, Any]:
+        return {queue_id: (SharedRun(*shape) if isinstance(shape, tuple) else shape)
+                for queue_id, shape in draw_seed}  # fmt: skip
+
+    shapes = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, 4),
+                      mostly(st.tuples(st.integers(0, 20), st.integers(0, 50)), hostile_run())),
+            max_size=5,
+        )
+    )  # fmt: skip
+    length = data.draw(st.integers(0, 8))
+    ids = np.array(data.draw(st.lists(st.integers(0, 5), min_size=length, max_size=length)),
+                   dtype=data.draw(mostly(st.just(np.int32), st.just(np.int64))))  # fmt: skip
+    offsets = np.array(data.draw(st.lists(st.integers(0, 25), min_size=length, max_size=length)),
+                       dtype=data.draw(mostly(st.just(np.int64), st.just(np.int32))))  # fmt: skip
+    first = data.draw(mostly(st.integers(0, 1000), hostile_int))
+    total = data.draw(mostly(st.integers(0, length), hostile_int))
+    failing = data.draw(mostly(st.just(False), st.just(True)))
+
+    def new_run(offset: int, position: int) -> Any:
+        if failing:
+            raise ValueError("injected")
+        return SharedRun.of_unit(offset, position)
+
+    TRIED["runs_append"] += 1
+    try:
+        out = ("ok", NATIVE.runs_append(runs_of(shapes), new_run, ids, offsets, first, total))
+    except (*C_ERRORS, AttributeError) as error:
+        out = ("raised", type(error))
+    ACCEPTED["runs_append"] += out[0] == "ok"
+    if out[0] == "ok":
+        twin = runs_append_py(runs_of(shapes), new_run, ids, offsets, first, total)
+        assert out[1][0] == twin[0]
+        assert sorted(out[1][1]) == sorted(twin[1])
+
+
 @FUZZ
 @given(st.data())
 def test_fuzz_feed_columns(data: st.DataObject) -> None:
