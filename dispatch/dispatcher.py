@@ -302,14 +302,16 @@ class Dispatcher:
         attempts = 0
         idle_s = self._interval_s
         while not self._stop.is_set():
-            kicks = self._waiters.kicks
-            woken = self._wake.wait(idle_s)
+            self._wake.wait(idle_s)
             self._wake.clear()
             try:
                 dispatched = 0
                 while count := self.dispatch_available(ROUND_BYTES_MAX):
                     dispatched += count
-                idle_s = self._next_idle_s(idle_s, dispatched, woken, kicks)
+                # Every append and flush wakes this thread (wake, appended), so the timed
+                # wait is only a safety net: an idle store backs it off to IDLE_WAIT_MAX_S
+                # instead of taking the GIL every interval from the threads that work.
+                idle_s = self._interval_s if dispatched else min(idle_s * 2, IDLE_WAIT_MAX_S)
             except DispatchFailedError:
                 return  # failed for good (corrupt data): the state says why
             except Exception as error:
@@ -336,17 +338,6 @@ class Dispatcher:
                 )
             failing_since_s, backoff_ms, attempts = None, RETRY_BACKOFF_MS_MIN, 0
             self.last_error = None
-
-    def _next_idle_s(self, idle_s: float, dispatched: int, woken: bool, kicks: int) -> float:
-        """The thread's next timed wait. Every append wakes this thread or kicks a
-        waiting reader (appended), so the timed wait is only a safety net: it backs off
-        to IDLE_WAIT_MAX_S on an idle store, and while kicked readers run the rounds
-        (the wait timed out and kicks were handed out meanwhile): a round of this thread
-        then only takes the GIL from the kicked reader and the writer, for work the
-        kicked reader is about to do. Figures: docs/VISIBILITY.md, stop 29."""
-        if dispatched and (woken or self._waiters.kicks == kicks):
-            return self._interval_s
-        return min(idle_s * 2, IDLE_WAIT_MAX_S)
 
     def check_failed(self) -> None:
         """Raise the failure, if any, as a fresh DispatchFailedError.

@@ -33,7 +33,7 @@ from mqstore.commitlog.record import BLANK_MAGIC, HEADER_SIZE, MESSAGE_MAGIC, ta
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.tail_writer import TailWriter
-from mqstore.dispatch.dispatcher import IDLE_WAIT_MAX_S, Dispatcher
+from mqstore.dispatch.dispatcher import Dispatcher
 from mqstore.indexfile import IndexConfig, IndexService
 
 FILE_BYTES = 64 * 1024  # small CommitLog files, so a few hundred records roll several
@@ -629,21 +629,3 @@ def test_a_kicked_reader_of_another_queue_dispatches_for_the_right_one(parts):
     first.join(SPIN_TIMEOUT_S)
     assert results[1] is False  # nothing for queue 1: it timed out, after helping
     assert dispatcher._waiters.kicks == 1
-
-
-def test_the_backstop_backs_off_while_kicked_readers_dispatch(parts):
-    """The thread's timed wait is a safety net: it stays at the interval after a
-    round it was woken for, or one that found work nobody announced (a lost wake-up);
-    it doubles up to IDLE_WAIT_MAX_S on an idle store and while kicked readers take
-    the appends (their rounds, not the thread's: docs/VISIBILITY.md, stop 29)."""
-    dispatcher = parts.dispatcher(interval_ms=1)
-    waiters = dispatcher._waiters
-    interval_s = dispatcher._interval_s
-    kicks = waiters.kicks
-    assert dispatcher._next_idle_s(0.004, 3, True, kicks) == interval_s
-    assert dispatcher._next_idle_s(0.004, 3, False, kicks) == interval_s
-    assert dispatcher._next_idle_s(0.004, 0, False, kicks) == 0.008
-    assert dispatcher._next_idle_s(IDLE_WAIT_MAX_S, 0, False, kicks) == IDLE_WAIT_MAX_S
-    waiters.kicks += 1  # a reader was kicked while the thread slept
-    assert dispatcher._next_idle_s(0.004, 3, False, kicks) == 0.008
-    assert dispatcher._next_idle_s(0.004, 3, True, kicks) == interval_s
