@@ -423,20 +423,12 @@ _COMMITLOG_OFFSET_AT: Final = UNIT.fields["commitlog_offset"][1]  # byte positio
 _SIZE_AT: Final = UNIT.fields["size"][1]
 _TAG_HASH_AT: Final = UNIT.fields["tag_hash"][1]
 assert (_COMMITLOG_OFFSET_AT, _SIZE_AT, _TAG_HASH_AT) == (0, 8, 12)
-RESERVE_CHUNK_BYTES: Final = 16 * 1024  # blocks reserved ahead of a young queue
-# A growing file reserves ahead as much as it holds reserved already (doubling from
-# RESERVE_CHUNK_BYTES), up to this: a hot queue's unit file then takes one reserve
-# (open, posix_fallocate, close) per 52,428 units instead of one per 819. Each of those
-# calls releases the GIL inside a dispatch round, which hands it to the writer thread
-# (docs/VISIBILITY.md, stop 29); a cold queue still reserves 16 KiB at a time, and no
-# file reserves more than twice what it holds plus this.
-RESERVE_AHEAD_MAX_BYTES: Final = 1 << 20
+RESERVE_CHUNK_BYTES: Final = 16 * 1024  # blocks reserved ahead of a growing queue
 
 
 def reserve(path: str, reserved_bytes: int, needed_bytes: int, limit_bytes: int) -> int:
-    """Reserve blocks of ``path`` up to ``needed_bytes`` (rounded up to a chunk that
-    doubles with what is reserved, RESERVE_CHUNK_BYTES to RESERVE_AHEAD_MAX_BYTES; at
-    most ``limit_bytes``) with posix_fallocate, so writes through a mapping never fault on
+    """Reserve blocks of ``path`` up to ``needed_bytes`` (rounded up to a chunk, at most
+    ``limit_bytes``) with posix_fallocate, so writes through a mapping never fault on
     a full disk; returns the new reserved end. A no-op when already reserved.
 
     Raises:
@@ -444,10 +436,7 @@ def reserve(path: str, reserved_bytes: int, needed_bytes: int, limit_bytes: int)
     """
     if needed_bytes <= reserved_bytes:
         return reserved_bytes
-    chunk = RESERVE_CHUNK_BYTES
-    while chunk < RESERVE_AHEAD_MAX_BYTES and chunk * 2 <= reserved_bytes:  # <= 6 turns
-        chunk *= 2
-    end = min(limit_bytes, -(-needed_bytes // chunk) * chunk)
+    end = min(limit_bytes, -(-needed_bytes // RESERVE_CHUNK_BYTES) * RESERVE_CHUNK_BYTES)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as error:

@@ -12,15 +12,12 @@ from hypothesis import strategies as st
 from mqstore.commitlog.errors import CorruptDataError
 from mqstore.consumequeue.format import UNIT, time_file_size_bytes, unit_file_size_bytes
 from mqstore.consumequeue.mapped_file import (
-    RESERVE_AHEAD_MAX_BYTES,
-    RESERVE_CHUNK_BYTES,
     MappedTimeFile,
     MappedUnitFile,
     block_maxima,
     create_file,
     make_directories,
     remove_file,
-    reserve,
     sync_filesystem,
     sync_path,
 )
@@ -141,44 +138,3 @@ def test_directories_and_removal(tmp_path: object) -> None:
     sync_path(path, directory=True)
     assert sync_filesystem(path)
     assert not sync_filesystem(os.path.join(path, "missing"))
-
-
-def test_reserve_ahead_doubles_up_to_its_bound(tmp_path: object, monkeypatch) -> None:
-    """A file growing 20 bytes at a time reserves ahead as much as it holds, from
-    RESERVE_CHUNK_BYTES up to RESERVE_AHEAD_MAX_BYTES: 10 posix_fallocate calls for
-    4 MiB (256 at a fixed 16 KiB), contiguous from the start, never past the limit."""
-    path = os.path.join(str(tmp_path), "grows")
-    limit = 4 << 20
-    with open(path, "wb") as file:
-        file.truncate(limit)
-    calls: list[tuple[int, int]] = []
-    fallocate = os.posix_fallocate
-
-    def counting(fd: int, offset: int, length: int) -> None:
-        calls.append((offset, length))
-        fallocate(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", counting)
-    reserved = 0
-    for needed in range(20, limit + 1, 20):
-        end = reserve(path, reserved, needed, limit)
-        assert needed <= end <= limit
-        assert end <= max(2 * needed, RESERVE_CHUNK_BYTES)
-        assert end <= needed + RESERVE_AHEAD_MAX_BYTES
-        reserved = end
-    starts = [offset for offset, _ in calls]
-    assert starts == [0] + [offset + length for offset, length in calls[:-1]]  # contiguous
-    assert [length >> 10 for _, length in calls] == [
-        16,
-        16,
-        32,
-        64,
-        128,
-        256,
-        512,
-        1024,
-        1024,
-        1024,
-    ]
-    assert reserve(path, limit, limit, limit) == limit  # reserved already: no call
-    assert len(calls) == 10
