@@ -75,6 +75,12 @@ _COLUMNS: Final = 8
 # A write of at most this many units takes Python's scalar paths: a round of one
 # record (a waiting reader's, at a low rate) costs microseconds, not numpy calls.
 SMALL_WRITE_UNITS: Final = 8
+# Up to this many units, _publish finds the touched slots with a dict over a list, not
+# np.unique and a fancy index of the table: both release the GIL for any length (numpy
+# 2.x), and a released GIL goes to the writer thread, which keeps it until it sleeps
+# (docs/VISIBILITY.md, stop 29). The bound is write_units' own: it keeps the GIL below
+# 256 units too, and the list path costs ~0.15 us a unit, 40 us at the bound.
+PUBLISH_LIST_UNITS_MAX: Final = 256
 # Queue ids below this have their slot in their topic's int32 array (512 KiB at most a
 # topic; the seed of CommitLog's offsets stops at the same id, SEED_QUEUES_MAX); higher
 # ones, as rare as partitions past 131,072, in the slot map under (topic, queue id).
@@ -422,7 +428,8 @@ class TailWriter:
             limit = self._limits.item
             if all(map(int.__ge__, queue_offsets.tolist(), map(limit, slots.tolist()))):
                 return None
-        elif not (queue_offsets < self._limits[slots]).any():
+        # An intp index: a fancy index by int32 releases the GIL (numpy 2.x), by intp not.
+        elif not (queue_offsets < self._limits[slots.astype(np.intp)]).any():
             return None
         handled = np.zeros(len(slots), dtype=bool)
         # Each pass appends to one topic until its log stops; a stop costs one put.
@@ -454,7 +461,7 @@ class TailWriter:
 
     def _publish(self, written: np.ndarray) -> None:
         """Tell the queues C wrote to their new tails, and mark their files dirty."""
-        if len(written) <= SMALL_WRITE_UNITS:  # numpy's per-call cost would dominate
+        if len(written) <= PUBLISH_LIST_UNITS_MAX:  # no np.unique: see the bound
             item = self._table.item
             touched = list(dict.fromkeys(written.tolist()))
             rows = [[item(slot, _NEXT), item(slot, _LAST_CLOG)] for slot in touched]

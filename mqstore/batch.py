@@ -94,6 +94,22 @@ _EMPTY_OFFSETS: Final = np.zeros(1, dtype=np.int64)
 _EMPTY_OFFSETS.flags.writeable = False
 
 
+#: Queue offsets of a run of at most this many records are ``_COUNTING[:n] + first``,
+#: not ``np.arange``: arange releases the GIL for any length (numpy 2.x), and a
+#: released GIL goes to the writer thread until it sleeps (docs/VISIBILITY.md, stop
+#: 29). read_columns keeps the GIL below 256 records too; 2 KiB of int64.
+_COUNTING_ROWS_MAX: Final = 256
+_COUNTING: Final = np.arange(_COUNTING_ROWS_MAX, dtype=np.int64)
+_COUNTING.flags.writeable = False
+
+
+def _offsets_from(first: int, count: int) -> np.ndarray:
+    """int64 ``first, first + 1, ... first + count - 1`` (a new, writable array)."""
+    if count <= _COUNTING_ROWS_MAX:
+        return _COUNTING[:count] + first
+    return np.arange(first, first + count, dtype=np.int64)
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)  # what ``flags.writeable = False`` does, in half the time
     return array
@@ -360,7 +376,7 @@ def read_run(
     has_key = _frozen(block[OUT_HAS_KEY, :count].astype(np.bool_))  # 0 or 1: as != 0
     block.setflags(write=False)
     columns = block[:, :count]
-    queue_offsets = _frozen(np.arange(first_queue_offset, first_queue_offset + count))
+    queue_offsets = _frozen(_offsets_from(first_queue_offset, count))
     return MessageBatch(
         topic, queue_id, queue_offsets, columns[_RUN_PHYSICALS], columns[_RUN_SIZES],
         columns[OUT_BORN_TS], columns[OUT_STORE_TS], columns[OUT_FLAGS],

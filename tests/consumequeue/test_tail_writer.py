@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from mqstore.consumequeue.tail_writer import TailWriter
+from mqstore.consumequeue.tail_writer import PUBLISH_LIST_UNITS_MAX, TailWriter
 
 TOPIC = "t"
 
@@ -297,4 +297,44 @@ def test_slots_below_and_past_the_array_ids(tmp_path) -> None:
             assert function(entries, 0, 10_000, tail.slots, *columns) == (7, 0)
             assert columns[0][:7].tolist() == [0, 1, 2, 3, -1, -1, 0]
     finally:
+        store.close()
+
+
+def test_a_write_past_the_list_bound_writes_what_put_writes(tmp_path) -> None:
+    """_publish takes np.unique past PUBLISH_LIST_UNITS_MAX units, a list below it:
+    both leave the files put would leave."""
+    queues = [index % 5 for index in range(PUBLISH_LIST_UNITS_MAX + 40)]
+    _run(str(tmp_path / "long"), [("write", queues), ("write", queues[:9])], 64, False)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the fast path needs mqstore.commitlog._native")
+def test_a_round_below_the_list_bound_calls_no_numpy_that_drops_the_gil(
+    tmp_path, monkeypatch
+) -> None:
+    """np.unique releases the GIL for any length (numpy 2.x), which hands it to the
+    writer thread: a write of up to PUBLISH_LIST_UNITS_MAX units must not call it."""
+    store = ConsumeQueueStore.open(
+        str(tmp_path), ConsumeQueueConfig(units_per_file=4096, max_open_files=64)
+    )
+    tail = TailWriter(store)
+    try:
+        slots = np.array([tail.slot_of(TOPIC, index % 3) for index in range(6)], np.int32)
+        offsets = np.array([0, 0, 0, 1, 1, 1])
+        # The first units of each queue open its file and attach its row.
+        tail.write(slots, offsets, np.arange(6) * 100, np.full(6, 90, np.int32),
+                   np.zeros(6, np.int64), np.full(6, 7))  # fmt: skip
+
+        def no_unique(*args, **kwargs):
+            raise AssertionError("np.unique in a small round")
+
+        monkeypatch.setattr(np, "unique", no_unique)
+        count = PUBLISH_LIST_UNITS_MAX // 3 * 3  # whole turns of the three queues
+        slots = np.array([tail.slot_of(TOPIC, index % 3) for index in range(count)], np.int32)
+        offsets = np.arange(count) // 3 + 2
+        tail.write(slots, offsets, np.arange(count) * 100 + 1000, np.full(count, 90, np.int32),
+                   np.zeros(count, np.int64), np.full(count, 7))  # fmt: skip
+        for queue_id in range(3):
+            assert store.queue(TOPIC, queue_id).max_offset == count // 3 + 2
+    finally:
+        tail.detach_all()
         store.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import mqstore.batch
 from mqstore.batch import MessageBatch
 from mqstore.commitlog_engine import KEY_PROPERTY
 from mqstore.message import Message
@@ -117,3 +118,35 @@ def test_arrays_are_read_only(open_store) -> None:
     for name in ("queue_offsets", "body_offsets", "born_timestamps_ms", "kafka_key_valid"):
         with pytest.raises(ValueError):
             getattr(batch, name)[0] = 0
+
+
+@pytest.mark.parametrize("count", [1, 255, 256, 257, 1000])
+def test_queue_offsets_of_a_run_count_from_its_first(open_store, count) -> None:
+    """Up to 256 records the offsets are a cached range plus the first, past it
+    np.arange: both are the queue offsets, read-only."""
+    store = open_store()
+    store.create_topic("t", 1)
+    store.put_batch("t", 0, [b"x"] * (count + 3))
+    batch = store.get_batch("t", 0, 3, count)
+    assert batch.queue_offsets.tolist() == list(range(3, 3 + count))
+    assert batch.queue_offsets.dtype == np.int64
+    assert not batch.queue_offsets.flags.writeable
+
+
+def test_a_small_read_calls_no_arange(open_store, monkeypatch) -> None:
+    """np.arange releases the GIL for any length (numpy 2.x), which hands it to the
+    writer thread (docs/VISIBILITY.md, stop 29): a read of up to 256 records must not
+    call it."""
+    store = open_store()
+    store.create_topic("t", 1)
+    store.put_batch("t", 0, [b"x"] * 300)
+
+    class NoArange:  # numpy as mqstore.batch sees it, without arange
+        def __getattr__(self, name):
+            if name == "arange":
+                raise AssertionError("np.arange in a small read")
+            return getattr(np, name)
+
+    monkeypatch.setattr(mqstore.batch, "np", NoArange())
+    assert len(store.get_batch("t", 0, 10, 256)) == 256
+    assert [message.queue_offset for message in store.get("t", 0, 290, 5)] == list(range(290, 295))
