@@ -72,7 +72,7 @@ from mqstore.commitlog.record import (
 from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.tail_writer import TailWriter
 
-__all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS"]
+__all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS", "TakenRuns"]
 
 # Headers parsed per dispatch_columns call: the columns take 80 B a row (5 MiB), and
 # each queue's put_batch (about 0.1 ms of checks) is spread over as many units as
@@ -169,13 +169,15 @@ class LogScan:
 
     def __init__(
         self,
-        commitlog: CommitLog,
+        commitlog: CommitLog | None,
         queue: QueueFinder,
         tail: TailWriter | None,
         uses_create_time: Callable[[str], bool],
         tag_hash: Callable[[bytes], int],
     ) -> None:
         """Args:
+        commitlog: the log ``scan`` reads; None for a LogScan that only takes runs
+            parsed elsewhere (``take_runs``: the recovery scan's).
         queue: (topic, queue id) -> its ConsumeQueue.
         tail: the dispatcher's TailWriter (the real store), which takes the small
             queues' units in one call; None: they take a ``put`` each.
@@ -202,10 +204,10 @@ class LogScan:
         A record that breaks the format stops the scan at its start, with the reason;
         what precedes it is written.
         """
+        assert self._commitlog is not None, "a LogScan for take_runs only"
         if self._columns is None:
             self._columns = new_columns(SCAN_ROWS)
-            self._laid = np.empty((len(_UNIT_ROWS) + 1, SCAN_ROWS), dtype=np.int64)
-            self._row_numbers = np.arange(SCAN_ROWS, dtype=np.int64)
+            self._make_layout()
         ahead: Prefetch[_Run] | None = None
         runs: Iterator[_Run]
         if end - start >= PARSE_AHEAD_MIN_BYTES and dispatch_columns is not dispatch_columns_py:
@@ -244,6 +246,19 @@ class LogScan:
                 ahead.close()
         self._write(pending)
         return Parsed(position, store_ts_ms, count, None)
+
+    def _make_layout(self, rows_max: int = SCAN_ROWS) -> None:
+        if self._laid is None or self._laid.shape[1] < rows_max:
+            self._laid = np.empty((len(_UNIT_ROWS) + 1, rows_max), dtype=np.int64)
+            self._row_numbers = np.arange(rows_max, dtype=np.int64)
+
+    def take_runs(self, rows_max: int) -> TakenRuns:
+        """Dispatch runs of records parsed elsewhere (the recovery scan's, at most
+        ``rows_max`` rows each, in log order): ``TakenRuns.take`` each, then
+        ``finish``."""
+        assert rows_max > 0
+        self._make_layout(rows_max)
+        return TakenRuns(self, rows_max)
 
     def _collect_run(self, mapped: MappedFile, rows: np.ndarray, pending: _Pending,
                      keyed: Keyed) -> None:  # fmt: skip
@@ -450,6 +465,34 @@ class LogScan:
         if topic is None:
             topic = self._topics[raw] = raw.decode("ascii")  # dispatch_columns checked it
         return topic
+
+
+class TakenRuns:
+    """``LogScan.take_runs``: one scan's worth of runs handed in from outside, written
+    as ``scan`` writes its own (per-queue order: a queue's collected units go with, and
+    before, its next ``put_batch``; everything is written by ``finish``)."""
+
+    __slots__ = ("_pending", "_rows_max", "_scan")
+
+    def __init__(self, scan: LogScan, rows_max: int) -> None:
+        self._scan = scan
+        self._rows_max = rows_max
+        self._pending = _Pending()
+
+    def take(self, mapped: MappedFile, rows: np.ndarray, keyed: Keyed) -> None:
+        """One run: ``rows`` of dispatch columns (DISPATCH_ROWS rows, a column per
+        record, at most ``rows_max``) of records in ``mapped``; keyed records' index
+        entries are appended to ``keyed``."""
+        assert 0 < rows.shape[1] <= self._rows_max
+        self._scan._collect_run(mapped, rows, self._pending, keyed)
+        if self._pending.rows >= PENDING_ROWS_MAX:
+            self._scan._write(self._pending)
+            self._pending = _Pending()
+
+    def finish(self) -> None:
+        """Write what the runs left collected."""
+        self._scan._write(self._pending)
+        self._pending = _Pending()
 
 
 _Run = tuple[MappedFile, int, int, int, np.ndarray]  # file, at, taken, status, columns

@@ -360,9 +360,17 @@ def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
     mistyped = data.draw(mostly(st.just(False), st.booleans())) and capacity > 0
     if mistyped:
         columns[1] = np.zeros(capacity, np.int64)
+    # The dispatch columns instead of the outputs: none, or rows of a width around the
+    # capacity (narrower is refused), or mistyped (int32).
+    width = data.draw(mostly(st.none(), st.integers(max(0, capacity - 1), capacity + 2)))
+    dispatch_mistyped = width is not None and data.draw(mostly(st.just(False), st.booleans()))
+    mistyped |= dispatch_mistyped
+    extra = [] if width is None else [
+        np.zeros((header_scan.DISPATCH_ROWS, width), np.int32 if dispatch_mistyped else np.int64)
+    ]  # fmt: skip
     outputs = []
     for twin in (False, True):
-        copies = [column.copy() for column in columns]
+        copies = [column.copy() for column in [*columns, *extra]]
         if twin:
             out = _call(record.scan_records_py, buffer, start, limit, file_start, *copies,
                         errors=PY_ERRORS)  # fmt: skip
@@ -374,6 +382,8 @@ def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
         if outputs[0][0][0] == "ok":
             count = outputs[0][0][1][1]
             assert [c[:count] for c in outputs[0][1]] == [c[:count] for c in outputs[1][1]]
+            if extra:  # the dispatch rows, every one
+                assert outputs[0][1][-1] == outputs[1][1][-1]
 
 
 @FUZZ
