@@ -240,3 +240,60 @@ done:
         if (taken[k]) PyBuffer_Release(&views[k]);
     return result;
 }
+
+/* run_stretches(rows, count, starts) -> (stretches, store_ts_max, tagged, keyed,
+ *                                        first_empty_topic)
+ * One pass over a run's dispatch columns (the first count of rows, an int64 array of
+ * DISPATCH_ROWS rows, C order) for what grouping it needs (dispatch/run_stretches.py
+ * declares the contract and holds the twin): starts[k] is the row where the k-th
+ * stretch of one (topic hash, queue id) starts (row 0 starts the first); then the
+ * largest store timestamp, whether any record has a tag, whether any has keys, and the
+ * first row whose topic is empty (count: none). 1 <= count <= the rows' width and
+ * starts' length. Runs without the GIL. */
+PyObject *mqstore_run_stretches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run_stretches takes 3 arguments");
+        return NULL;
+    }
+    int64_t count;
+    if (as_i64(args[1], &count) < 0) return NULL;
+    Py_buffer rows_view, starts_view;
+    if (get_array(args[0], &rows_view, 8, 0, "rows") < 0) return NULL;
+    if (get_array(args[2], &starts_view, 8, 1, "starts") < 0) {
+        PyBuffer_Release(&rows_view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t width = rows_view.len / 8 / DISPATCH_ROWS;
+    if (rows_view.len != width * 8 * DISPATCH_ROWS || count < 1 || count > width ||
+        count > starts_view.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "run_stretches: bad count or short arrays");
+        goto done;
+    }
+    const int64_t *rows = rows_view.buf;
+    const int64_t *hashes = rows + DISPATCH_TOPIC_HASH * width,
+                  *queue_ids = rows + DISPATCH_QUEUE_ID * width,
+                  *stamps = rows + DISPATCH_STORE_TS * width,
+                  *tag_lens = rows + DISPATCH_TAG_LEN * width,
+                  *keys_lens = rows + DISPATCH_KEYS_LEN * width,
+                  *topic_lens = rows + DISPATCH_TOPIC_LEN * width;
+    int64_t *starts = starts_view.buf;
+    int64_t stretches = 0, stamp_max = INT64_MIN, tagged = 0, keyed = 0, empty_topic = count;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t row = 0; row < count; row++) {
+        if (row == 0 || hashes[row] != hashes[row - 1] || queue_ids[row] != queue_ids[row - 1])
+            starts[stretches++] = row;
+        if (stamps[row] > stamp_max) stamp_max = stamps[row];
+        tagged |= tag_lens[row] != 0;
+        keyed |= keys_lens[row] != 0;
+        if (topic_lens[row] == 0 && empty_topic == count) empty_topic = row;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(LLOOL)", (long long)stretches, (long long)stamp_max,
+                           tagged ? Py_True : Py_False, keyed ? Py_True : Py_False,
+                           (long long)empty_topic);
+done:
+    PyBuffer_Release(&starts_view);
+    PyBuffer_Release(&rows_view);
+    return result;
+}

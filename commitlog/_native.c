@@ -937,6 +937,8 @@ static PyMethodDef methods[] = {
      "The dispatcher's columns of a run of records in one file (_dispatch.c)."},
     {"units_in_place", (PyCFunction)(void (*)(void))mqstore_units_in_place, METH_FASTCALL,
      "How many leading units of a run a queue file holds already (_dispatch.c)."},
+    {"run_stretches", (PyCFunction)(void (*)(void))mqstore_run_stretches, METH_FASTCALL,
+     "Stretches of one queue in a run's dispatch columns, and what grouping needs (_dispatch.c)."},
     {"record_spans", (PyCFunction)(void (*)(void))mqstore_record_spans, METH_FASTCALL,
      "The records of a Kafka record batch v2: spans of each, checked (_records.c)."},
     {"kafka_batch", (PyCFunction)(void (*)(void))mqstore_kafka_batch, METH_FASTCALL,

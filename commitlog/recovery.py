@@ -58,6 +58,7 @@ from mqstore.commitlog.record import (
     decode,
     scan_records,
 )
+from mqstore.commitlog.run_stretches import Stretches, stretches_of
 
 __all__ = ["SCAN_ROWS", "RunHook", "ScanColumns", "fold_columns", "scan_log"]
 
@@ -75,7 +76,8 @@ class ScanColumns:
     in the dispatcher's columns the file's start (they are physical offsets)."""
 
     __slots__ = ("dispatch", "outputs", "position_base", "positions", "queue_ids",
-                 "queue_offsets", "sizes", "stamps", "topic_hashes", "topic_lens")  # fmt: skip
+                 "queue_offsets", "sizes", "stamps", "starts", "stretches", "topic_hashes",
+                 "topic_lens")  # fmt: skip
 
     def __init__(self, dispatch: bool = False) -> None:
         # np.empty: with dispatch these are never written, so never touched (no faults).
@@ -90,6 +92,10 @@ class ScanColumns:
         )
         self.position_base = 0
         self.dispatch = new_columns(SCAN_ROWS) if dispatch else None
+        # With dispatch: the run's stretches of one queue (run_stretches), found by the
+        # thread that scanned it; ``starts`` is touched only as far as they go.
+        self.starts = np.empty(SCAN_ROWS, dtype=np.int64)
+        self.stretches: Stretches | None = None
         rows = self.outputs if self.dispatch is None else tuple(
             self.dispatch[row] for row in (
                 DISPATCH_PHYSICAL, DISPATCH_SIZE, DISPATCH_QUEUE_OFFSET, DISPATCH_QUEUE_ID,
@@ -180,7 +186,9 @@ def scan_log(
                         scan = _scan_runs(following, 0, itertools.cycle(rings[started % 2]))
                         started += 1
                         ahead = (next_start, Prefetch(scan, AHEAD_RUNS, "mqstore-scan"))
-                if count:
+                if columns.stretches is not None:  # (found by the scanning thread)
+                    newest_ts_ms = max(newest_ts_ms, columns.stretches.store_ts_max)
+                elif count:
                     newest_ts_ms = max(newest_ts_ms, int(columns.stamps[:count].max()))
                 if closed:  # the open group before this run (if any) is closed now
                     _merge(table, pending)
@@ -238,6 +246,8 @@ def _scan(mapped: Any, in_file: int, columns: ScanColumns) -> tuple[int, int, in
     )  # fmt: skip
     if columns.dispatch is not None:
         columns.position_base = mapped.start_offset
+        count = result[1]
+        columns.stretches = stretches_of(columns.dispatch, count, columns.starts) if count else None
     return result
 
 
@@ -276,11 +286,18 @@ def fold_columns(
     step per queue, not per record); returns the rows' newest store timestamp.
 
     The rows of one put batch are adjacent, so the run is cut into stretches of one
-    (topic, queue) first, and only the stretches' maxima are sorted."""
+    (topic, queue) first (the scanning thread's ``stretches`` when they cover exactly
+    these rows), and only the stretches' maxima are sorted."""
     assert 0 <= first < count
     hashes = columns.topic_hashes[first:count]
     ids, offsets = columns.queue_ids[first:count], columns.queue_offsets[first:count]
-    starts = np.flatnonzero(np.append(True, (hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1])))
+    found = columns.stretches
+    if found is not None and first == 0 and count == found.rows:
+        starts = found.starts
+    else:
+        starts = np.flatnonzero(
+            np.append(True, (hashes[1:] != hashes[:-1]) | (ids[1:] != ids[:-1]))
+        )
     highest = np.maximum.reduceat(offsets, starts)  # each stretch's highest queue offset
     hashes, ids = hashes[starts], ids[starts]
     order = np.lexsort((highest, ids, hashes))

@@ -69,6 +69,7 @@ from mqstore.commitlog.record import (
     PREFIX,
     decode_keys,
 )
+from mqstore.commitlog.run_stretches import Stretches, stretches_of
 from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.tail_writer import TailWriter
 
@@ -193,6 +194,7 @@ class LogScan:
         # run (fresh arrays of this size cost a page fault per 4 KiB each time).
         self._laid: np.ndarray | None = None
         self._row_numbers: np.ndarray | None = None
+        self._starts: np.ndarray | None = None  # run_stretches' starts, made with _laid
         self._topics: dict[bytes, str] = {}
 
     def scan(self, start: int, end: int, hard_end: int, keyed: Keyed) -> Parsed:
@@ -222,12 +224,15 @@ class LogScan:
             runs = _parse_runs(self._commitlog, start, end, hard_end, single)
         pending = _Pending()
         position, store_ts_ms, count = start, 0, 0
+        starts = self._starts
+        assert starts is not None
         try:
             for mapped, at, taken, status, columns in runs:
                 file_start = mapped.start_offset
                 if taken:
                     store_ts_ms = int(columns[DISPATCH_STORE_TS, taken - 1])
-                    self._collect_run(mapped, columns[:, :taken], pending, keyed)
+                    found = stretches_of(columns, taken, starts)
+                    self._collect_run(mapped, columns[:, :taken], found, pending, keyed)
                     count += taken
                     if pending.rows >= PENDING_ROWS_MAX:
                         self._write(pending)
@@ -251,6 +256,7 @@ class LogScan:
         if self._laid is None or self._laid.shape[1] < rows_max:
             self._laid = np.empty((len(_UNIT_ROWS) + 1, rows_max), dtype=np.int64)
             self._row_numbers = np.arange(rows_max, dtype=np.int64)
+            self._starts = np.empty(rows_max, dtype=np.int64)
 
     def take_runs(self, rows_max: int) -> TakenRuns:
         """Dispatch runs of records parsed elsewhere (the recovery scan's, at most
@@ -260,25 +266,29 @@ class LogScan:
         self._make_layout(rows_max)
         return TakenRuns(self, rows_max)
 
-    def _collect_run(self, mapped: MappedFile, rows: np.ndarray, pending: _Pending,
-                     keyed: Keyed) -> None:  # fmt: skip
+    def _collect_run(self, mapped: MappedFile, rows: np.ndarray, found: Stretches,
+                     pending: _Pending, keyed: Keyed) -> None:  # fmt: skip
         """Write one run's units, queue by queue: a queue with more than
         SMALL_GROUP_UNITS units in the run at once (after its pending ones), the others
-        into ``pending``; its index entries go to ``keyed``."""
-        hashes = rows[DISPATCH_TOPIC_HASH]
-        if (hashes == hashes[0]).all():  # one topic: the common case
+        into ``pending``; its index entries go to ``keyed``. ``found``: the run's
+        stretches of one queue (``run_stretches``)."""
+        starts = found.starts
+        stretch_hashes = rows[DISPATCH_TOPIC_HASH][starts]
+        queue_ids = rows[DISPATCH_QUEUE_ID][starts] & _QUEUE_ID_MASK
+        if (stretch_hashes == stretch_hashes[0]).all():  # one topic: the common case
             topics = [self._topic_at(mapped, rows, 0)]
-            keys = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
-            topic_of_row = None
+            stretch_keys = queue_ids
+            topic_of_stretch = None
         else:
-            _, first_rows, topic_of_row = np.unique(hashes, return_index=True, return_inverse=True)
-            topics = [self._topic_at(mapped, rows, int(row)) for row in first_rows.tolist()]
-            queue_ids = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
-            keys = (topic_of_row.astype(np.int64) << 32) | queue_ids
+            _, firsts, topic_of_stretch = np.unique(
+                stretch_hashes, return_index=True, return_inverse=True
+            )
+            topics = [self._topic_at(mapped, rows, int(starts[k])) for k in firsts.tolist()]
+            stretch_keys = (topic_of_stretch.astype(np.int64) << 32) | queue_ids
         create_time = [self._uses_create_time(topic) for topic in topics]
-        tags = self._tag_codes(mapped, rows)
+        tags = self._tag_codes(mapped, rows) if found.tagged else None
         assert self._laid is not None and self._row_numbers is not None
-        order, groups = _groups(keys, self._row_numbers)
+        order, groups = _stretch_groups(stretch_keys, starts, rows.shape[1], self._row_numbers)
         laid: list[np.ndarray] | None = None  # laid out when a queue's units are put
         for key, lo, hi in groups:
             name = (topics[key >> 32], key & _QUEUE_ID_MASK)
@@ -302,7 +312,7 @@ class LogScan:
                 self._put_batch(name, units)
             else:  # copies: the columns are reused by the next run
                 pending.add(name, _copy(units))
-        if rows[DISPATCH_KEYS_LEN].any():
+        if found.keyed:
             mapping, file_start = mapped.mapping, mapped.start_offset
             for row in np.flatnonzero(rows[DISPATCH_KEYS_LEN]).tolist():
                 physical = int(rows[DISPATCH_PHYSICAL, row])
@@ -310,7 +320,10 @@ class LogScan:
                 at = (physical - file_start + HEADER_SIZE + int(rows[DISPATCH_TOPIC_LEN, row])
                       + int(rows[DISPATCH_TAG_LEN, row]))  # fmt: skip
                 keys_raw = mapping[at : at + int(rows[DISPATCH_KEYS_LEN, row])]
-                topic = topics[0 if topic_of_row is None else int(topic_of_row[row])]
+                topic = topics[0]
+                if topic_of_stretch is not None:
+                    stretch = int(np.searchsorted(starts, row, side="right")) - 1
+                    topic = topics[int(topic_of_stretch[stretch])]
                 keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
 
     def _in_place(self, name: tuple[str, int], rows: np.ndarray, tags: np.ndarray | None,
@@ -479,12 +492,19 @@ class TakenRuns:
         self._rows_max = rows_max
         self._pending = _Pending()
 
-    def take(self, mapped: MappedFile, rows: np.ndarray, keyed: Keyed) -> None:
+    def take(self, mapped: MappedFile, rows: np.ndarray, found: Stretches | None,
+             keyed: Keyed) -> None:  # fmt: skip
         """One run: ``rows`` of dispatch columns (DISPATCH_ROWS rows, a column per
-        record, at most ``rows_max``) of records in ``mapped``; keyed records' index
-        entries are appended to ``keyed``."""
-        assert 0 < rows.shape[1] <= self._rows_max
-        self._scan._collect_run(mapped, rows, self._pending, keyed)
+        record, at most ``rows_max``) of records in ``mapped``, with its stretches
+        (``run_stretches``; None: found here); keyed records' index entries are
+        appended to ``keyed``."""
+        count = rows.shape[1]
+        assert 0 < count <= self._rows_max
+        if found is None:
+            assert self._scan._starts is not None
+            found = stretches_of(np.ascontiguousarray(rows), count, self._scan._starts)
+        assert found.rows == count
+        self._scan._collect_run(mapped, rows, found, self._pending, keyed)
         if self._pending.rows >= PENDING_ROWS_MAX:
             self._scan._write(self._pending)
             self._pending = _Pending()
@@ -529,13 +549,21 @@ def _groups(
     them with one repeat (no sort of the rows). ``row_numbers`` (0, 1, ... at least as
     many as keys) saves making them."""
     count = len(keys)
-    starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    if not len(starts):
+    starts = np.concatenate(([0], np.flatnonzero(keys[1:] != keys[:-1]) + 1))
+    return _stretch_groups(keys[starts], starts, count, row_numbers)
+
+
+def _stretch_groups(
+    keys: np.ndarray, starts: np.ndarray, count: int, row_numbers: np.ndarray | None = None
+) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+    """``_groups`` of ``count`` rows from their stretches: the row each starts at (the
+    first at 0, in order) and its key (``keys``)."""
+    assert len(starts) == len(keys) >= 1 and starts[0] == 0
+    if len(starts) == 1:
         return None, [(int(keys[0]), 0, count)]
-    starts = np.concatenate(([0], starts))
     lengths = np.diff(np.append(starts, count))
     distinct, first_stretch, group_of_stretch = np.unique(
-        keys[starts], return_index=True, return_inverse=True
+        keys, return_index=True, return_inverse=True
     )
     by_group = np.argsort(group_of_stretch, kind="stable")  # run order within a group
     laid_lengths = lengths[by_group]

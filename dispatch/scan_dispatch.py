@@ -71,8 +71,8 @@ def _parsable(mapped: Any, columns: ScanColumns, count: int) -> int:
     (which only the last record of a file can lack: another record needs more)."""
     if not count:
         return 0
-    empty = np.flatnonzero(columns.topic_lens[:count] == 0)
-    parsable = int(empty[0]) if len(empty) else count
+    assert columns.stretches is not None and columns.stretches.rows == count
+    parsable = columns.stretches.first_empty_topic
     if parsable and columns.end_of(parsable - 1) > mapped.size_bytes - BLANK_SIZE:
         parsable -= 1
     return parsable
@@ -135,7 +135,8 @@ class ScanDispatch:
             rows = columns.dispatch[:, first:parsed]
             assert int(rows[DISPATCH_PHYSICAL, 0]) == self.position, (rows[:, 0], self.position)
             try:
-                self._runs.take(mapped, rows, self._keyed)
+                whole = first == 0 and parsed == count  # else: stretches found anew
+                self._runs.take(mapped, rows, columns.stretches if whole else None, self._keyed)
                 if len(self._keyed) >= KEYED_MAX:
                     self._put_keyed()
             except Exception as error:

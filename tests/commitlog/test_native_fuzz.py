@@ -31,7 +31,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog import columns, header_scan, record
+from mqstore.commitlog import columns, header_scan, record, run_stretches
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import reput_check, time_index
 from tests.consumequeue.test_reput_check import cases as units_in_place_cases
@@ -480,6 +480,34 @@ def test_fuzz_units_in_place(data: st.DataObject) -> None:
             sizes, tags, timestamps, order, lo, count)  # fmt: skip
     c_out = _c("units_in_place", *both)
     _agree(c_out, _call(reput_check.units_in_place_py, *both, errors=PY_ERRORS))
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_run_stretches(data: st.DataObject) -> None:
+    """A run's dispatch columns of hostile values (any int64), a hostile count, rows
+    that are not whole rows or of another item size, starts short or mistyped: C and
+    the twin agree on the answer and on every start written."""
+    width = data.draw(st.integers(0, 6))
+    values = data.draw(st.lists(i64, min_size=width * header_scan.DISPATCH_ROWS,
+                                max_size=width * header_scan.DISPATCH_ROWS))  # fmt: skip
+    rows = np.array(values, np.int64).reshape(header_scan.DISPATCH_ROWS, width)
+    if data.draw(mostly(st.just(False), st.booleans())):
+        rows = data.draw(_arrays(rows.size, np.int64))  # flat: short, long or int32
+    count = data.draw(mostly(st.integers(0, width + 1), hostile_int))
+    starts = data.draw(mostly(st.just(np.zeros(width, np.int64)), _arrays(width, np.int64)))
+    outputs = []
+    for twin in (False, True):
+        copy = starts.copy()
+        if twin:
+            out = _call(run_stretches.run_stretches_py, rows, count, copy, errors=PY_ERRORS)
+        else:
+            out = _c("run_stretches", rows, count, copy)
+        outputs.append((out, copy.tolist()))
+    _agree(outputs[0][0], outputs[1][0])
+    if outputs[0][0][0] == "ok":
+        stretches = outputs[0][0][1][0]
+        assert outputs[0][1][:stretches] == outputs[1][1][:stretches]
 
 
 # ------------------------------------------------------------------ the columnar read
