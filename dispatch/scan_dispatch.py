@@ -4,10 +4,11 @@
 Why: the recovery scan verifies every record past the checkpoint, and the re-dispatch
 used to read the same bytes again to build their ConsumeQueue units and index entries:
 two walks of up to a GiB of log, the second one memory-bound. Here the scan hands
-each run of verified records, parsed into the dispatcher's columns by the thread that
-verified it (commitlog/recovery.py, ``RunHook``), to ``ScanDispatch``, which writes
-them as the dispatcher's own re-dispatch would (``LogScan.take_runs``): units the page
-cache kept are confirmed in place, the rest written, and keyed records indexed.
+each run of verified records (commitlog/recovery.py, ``RunHook``: ``scan_records``
+wrote the dispatcher's columns of each record it verified, and the scanning thread
+found the run's stretches of one queue) to ``ScanDispatch``, which writes them as the
+dispatcher's own re-dispatch would (``LogScan.take_runs``): units the page cache kept
+are confirmed in place, the rest written, and keyed records indexed.
 
 What it takes: the records from ``from_position`` (the checkpoint's dispatched
 position, a record boundary the scan passes) on, every run after the one that holds
@@ -139,6 +140,8 @@ class ScanDispatch:
                 self._runs.take(mapped, rows, columns.stretches if whole else None, self._keyed)
                 if len(self._keyed) >= KEYED_MAX:
                     self._put_keyed()
+            except AssertionError:
+                raise  # our own invariant: never left to a fallback
             except Exception as error:
                 self._abandon(error)
                 return
@@ -198,6 +201,8 @@ class ScanDispatch:
         try:
             runs.finish()
             self._put_keyed()
+        except AssertionError:
+            raise
         except Exception as error:
             self._abandon(error)
 

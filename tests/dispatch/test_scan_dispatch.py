@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
@@ -254,3 +255,21 @@ def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
         assert first_written <= units.get(200).item()[0]  # repaired from the damage
         assert len(written) < 303 - 150  # the units before it were confirmed
         _assert_agrees_with_log(store)
+
+
+def test_a_scan_from_below_the_dispatched_position(twin, tmp_path):
+    """The checkpoint's flushed position lags its dispatched one (async flush): the
+    scan starts at the flushed position, the re-dispatch during it at the dispatched
+    one, mid-run, so the records between are folded but not dispatched again (their
+    keys keep one index entry each)."""
+    path = str(tmp_path)
+    _crashed_store(path, 30, lose_units=True)
+    checkpoints = CheckpointFile(path)
+    claim = checkpoints.load()
+    assert claim is not None and claim.dispatched_position > 0
+    checkpoints.store(attrs.evolve(claim, flushed_position=0))  # the log's first record
+    checkpoints.close()
+    with MessageStore.open(path, _config()) as store:
+        assert store.redispatched_at_open == 180  # not the preamble's 4
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        _assert_agrees_with_log(store)  # (one hit per key: no entry made twice)
