@@ -20,7 +20,10 @@ Open (writer): take the lock, mark ``abort``, load the checkpoint, recover the
 CommitLog from min(flushed, dispatched), truncate ConsumeQueue units and index
 entries that point past the recovered end, re-dispatch from the dispatched position
 (idempotent), then start the dispatcher, the flush service and the scheduled jobs
-(checkpoint every second; retention). Close reverses it and removes ``abort``.
+(checkpoint every second; retention). Close reverses it and removes ``abort``. After
+a crash the re-dispatch mostly happens during the CommitLog's recovery scan, run by
+run as records verify (dispatch/scan_dispatch.py: its module says when, and how the
+truncation after the scan covers what it wrote past the end).
 
 Open (read-only): no lock, no writes; the store follows a live writer in another
 process through the ConsumeQueues it dispatches (shared page cache). Its long polls
@@ -323,10 +326,13 @@ class MessageStore(CommitLogEngine, StoreReader, ReplicaStore):
 
     def _scan_dispatch(self, checkpoint: Checkpoint | None) -> ScanDispatch | None:
         """The re-dispatch during the recovery scan (dispatch/scan_dispatch.py), for a
-        writer whose re-dispatch starts at the checkpoint's dispatched position with
-        nothing held back, in async flush mode; the index is cut back to there first."""
+        writer reopening after a crash whose re-dispatch starts at the checkpoint's
+        dispatched position with nothing held back, in async flush mode (a clean
+        reopen scans nothing: no threads or columns for it); the index is cut back to
+        there first."""
         if (
-            self.read_only or checkpoint is None or self._rebuild_derived
+            self.read_only or checkpoint is None or not self.recovered_from_crash
+            or self._rebuild_derived
             or self.power_loss_possible or self.config.flush_mode == "sync"
             or self._open_replicated or self.index.dropped_files
             or os.path.exists(os.path.join(self.root, EPOCH_FILE))
