@@ -939,6 +939,8 @@ static PyMethodDef methods[] = {
      "How many leading units of a run a queue file holds already (_dispatch.c)."},
     {"run_stretches", (PyCFunction)(void (*)(void))mqstore_run_stretches, METH_FASTCALL,
      "Stretches of one queue in a run's dispatch columns, and what grouping needs (_dispatch.c)."},
+    {"populate_read", (PyCFunction)(void (*)(void))mqstore_populate_read, METH_FASTCALL,
+     "Map a range of a page-aligned mapping ahead of a scan, without the GIL (_dispatch.c)."},
     {"record_spans", (PyCFunction)(void (*)(void))mqstore_record_spans, METH_FASTCALL,
      "The records of a Kafka record batch v2: spans of each, checked (_records.c)."},
     {"kafka_batch", (PyCFunction)(void (*)(void))mqstore_kafka_batch, METH_FASTCALL,

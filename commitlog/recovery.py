@@ -22,15 +22,19 @@ the scan also hands every run of verified records to it, in log order, as soon a
 run is folded: RocketMQ's ``recoverAbnormally`` with ``doDispatch``, so the log is
 walked once, not once to verify and once more to dispatch: ``scan_records`` writes
 the dispatcher's columns of each record it verifies too, from the header it has just
-read. The runs of an append group cut short at the tail are handed
-over too: the hook's caller cuts what they made back to the end (ConsumeQueue and
-index ``truncate_beyond``), as it cuts any unit past the recovered end.
+read. The runs of an append group cut short at the tail are handed over too: the
+hook's caller cuts what they made back to the end (ConsumeQueue and index
+``truncate_beyond``), as it cuts any unit past the recovered end.
+
+The scan maps the log's pages ahead of itself (``_populate``): on a fresh mapping
+each 64 KiB costs a page fault otherwise, about half of the scan's time here.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -48,6 +52,7 @@ from mqstore.commitlog.header_scan import (
     DISPATCH_TOPIC_LEN,
     new_columns,
 )
+from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.prefetch import Prefetch
 from mqstore.commitlog.record import (
     HEADER_SIZE,
@@ -65,7 +70,14 @@ __all__ = ["SCAN_ROWS", "RunHook", "ScanColumns", "fold_columns", "scan_log"]
 log = logging.getLogger(__name__)
 
 SCAN_ROWS = 1 << 16  # records verified per scan_records call; bounds the column arrays
-AHEAD_RUNS = 4  # runs a file scanned ahead may hold (2.7 MB of columns each)
+# The log's pages a scan maps ahead of itself (``_populate``): windows of twice this,
+# each when the scan comes within this of the last one's end (a run of 100 B records
+# reads ~11 MiB). Past the log's end it maps at most twice this of zeros.
+POPULATE_BYTES = 16 << 20
+MADV_POPULATE_READ = 22  # linux/mman.h (5.14+); Python's mmap does not name it
+# Runs a file scanned ahead may hold (2.7 MB of columns each; 5.8 MB of the
+# dispatcher's columns with a RunHook). 12 cost more page faults than they saved waits.
+AHEAD_RUNS = 4
 
 
 class ScanColumns:
@@ -114,7 +126,7 @@ class RunHook(Protocol):
     """Takes the runs of a recovery scan (see the module): ``mapped``'s records from
     ``start`` to ``end`` in the file, ``count`` of them verified (``columns``'
     first rows), and why the run ended (``SCAN_*``). Called in log order, in the
-    scanning thread; ``columns`` are reused once it returns."""
+    thread that called ``scan_log``; ``columns`` are reused once it returns."""
 
     def __call__(self, mapped: Any, columns: ScanColumns, start: int, count: int, end: int,
                  status: int) -> None: ...  # fmt: skip
@@ -229,14 +241,52 @@ def _ring(dispatch: bool) -> list[ScanColumns]:
 
 def _scan_runs(mapped: Any, in_file: int, buffers: Iterator[ScanColumns]) -> Iterator[_Run]:
     """The runs of one file from ``in_file``, each into the next of ``buffers``, up to
-    the first run that does not fill its columns."""
+    the first run that does not fill its columns. The pages a run is about to read are
+    mapped first, a window at a time (``_populate``)."""
+    populated = in_file
     while True:
         columns = next(buffers)
+        if POPULATE_BYTES and populated < min(in_file + POPULATE_BYTES, mapped.size_bytes):
+            populated = _populate(mapped, max(populated, in_file), 2 * POPULATE_BYTES)
         end, count, status, closed = _scan(mapped, in_file, columns)
         yield end, count, status, closed, columns
         if status != SCAN_FULL:
             return
         in_file = end
+
+
+def _populate(mapped: Any, start: int, length: int) -> int:
+    """Map ``length`` bytes of ``mapped`` from ``start`` (page-aligned down), or up to
+    its end, ahead of the scan (madvise MADV_POPULATE_READ); returns where that ends.
+
+    Why: the scan's first touch of each page of a fresh mapping of the log is a page
+    fault (mapping 64 KiB around it), ~10 us each on this VM: ~30 ns of the ~60 ns a
+    100 B record costs. Populating a window in one call skips the trap per fault:
+    44 ns a record, the call included (three files, four runs each way). A hint only
+    (``populate_read``, without the GIL): on a kernel without it (before 5.14), or if
+    it fails, the faults happen as before."""
+    stop = min(start + length, mapped.size_bytes)
+    populate_read(mapped.mapping, start, stop - start)
+    return stop
+
+
+def populate_read_py(buffer: Any, start: int, length: int) -> bool:
+    """The twin of the C ``populate_read`` (commitlog/_dispatch.c): map [start, start +
+    length) of ``buffer`` (from its page) when it is an mmap; False when nothing was
+    done. Python's ``mmap.madvise`` holds the GIL: the C version is the one to use."""
+    if not (start >= 0 and 0 <= length <= memoryview(buffer).nbytes - start):
+        raise ValueError("populate_read: range outside the buffer")
+    if not isinstance(buffer, mmap.mmap) or not length:
+        return False
+    try:
+        buffer.madvise(MADV_POPULATE_READ, start - start % mmap.PAGESIZE,
+                       length + start % mmap.PAGESIZE)  # fmt: skip
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+populate_read = populate_read_py if NATIVE is None else NATIVE.populate_read
 
 
 def _scan(mapped: Any, in_file: int, columns: ScanColumns) -> tuple[int, int, int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import gc
 import json
+import mmap
 import os
 import struct
 import threading
@@ -31,7 +32,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog import columns, header_scan, record, run_stretches
+from mqstore.commitlog import columns, header_scan, record, recovery, run_stretches
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import reput_check, time_index
 from tests.consumequeue.test_reput_check import cases as units_in_place_cases
@@ -508,6 +509,27 @@ def test_fuzz_run_stretches(data: st.DataObject) -> None:
     if outputs[0][0][0] == "ok":
         stretches = outputs[0][0][1][0]
         assert outputs[0][1][:stretches] == outputs[1][1][:stretches]
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_populate_read(data: st.DataObject) -> None:
+    """The scan's look-ahead: hostile start and length over an anonymous mapping or a
+    bytes object; C and the twin agree on refusing a range outside the buffer."""
+    size = data.draw(st.integers(1, 3)) * mmap.PAGESIZE
+    mapped = data.draw(st.booleans())
+    buffer: Any = mmap.mmap(-1, size) if mapped else bytes(size)
+    try:
+        start = data.draw(mostly(st.integers(0, size), hostile_int))
+        length = data.draw(mostly(st.integers(0, size), hostile_int))
+        c_out = _c("populate_read", buffer, start, length)
+        py_out = _call(recovery.populate_read_py, buffer, start, length, errors=PY_ERRORS)
+        assert c_out[0] == py_out[0], (c_out, py_out)
+        if c_out[0] == "ok" and not mapped:
+            assert c_out[1] is False and py_out[1] is False
+    finally:
+        if mapped:
+            buffer.close()
 
 
 # ------------------------------------------------------------------ the columnar read
