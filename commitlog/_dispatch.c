@@ -16,6 +16,12 @@
  */
 #include "_native.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+#if defined(__linux__) && !defined(MADV_POPULATE_READ)
+#define MADV_POPULATE_READ 22 /* linux/mman.h, 5.14+; older C libraries lack the name */
+#endif
+
 /* dispatch_columns(buffer, start, stop, file_size, hard_end, file_start, verify, out)
  *     -> (end, count, status)
  * buffer: the file's bytes (file_size <= len); start: a record boundary in the file;
@@ -238,5 +244,102 @@ PyObject *mqstore_units_in_place(PyObject *self, PyObject *const *args, Py_ssize
 done:
     for (int k = 0; k < 9; k++)
         if (taken[k]) PyBuffer_Release(&views[k]);
+    return result;
+}
+
+/* run_stretches(rows, count, starts) -> (stretches, store_ts_max, tagged, keyed,
+ *                                        first_empty_topic)
+ * One pass over a run's dispatch columns (the first count of rows, an int64 array of
+ * DISPATCH_ROWS rows, C order) for what grouping it needs (dispatch/run_stretches.py
+ * declares the contract and holds the twin): starts[k] is the row where the k-th
+ * stretch of one (topic hash, queue id) starts (row 0 starts the first); then the
+ * largest store timestamp, whether any record has a tag, whether any has keys, and the
+ * first row whose topic is empty (count: none). 1 <= count <= the rows' width and
+ * starts' length. Runs without the GIL. */
+PyObject *mqstore_run_stretches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run_stretches takes 3 arguments");
+        return NULL;
+    }
+    int64_t count;
+    if (as_i64(args[1], &count) < 0) return NULL;
+    Py_buffer rows_view, starts_view;
+    if (get_array(args[0], &rows_view, 8, 0, "rows") < 0) return NULL;
+    if (get_array(args[2], &starts_view, 8, 1, "starts") < 0) {
+        PyBuffer_Release(&rows_view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t width = rows_view.len / 8 / DISPATCH_ROWS;
+    if (rows_view.len != width * 8 * DISPATCH_ROWS || count < 1 || count > width ||
+        count > starts_view.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "run_stretches: bad count or short arrays");
+        goto done;
+    }
+    const int64_t *rows = rows_view.buf;
+    const int64_t *hashes = rows + DISPATCH_TOPIC_HASH * width,
+                  *queue_ids = rows + DISPATCH_QUEUE_ID * width,
+                  *stamps = rows + DISPATCH_STORE_TS * width,
+                  *tag_lens = rows + DISPATCH_TAG_LEN * width,
+                  *keys_lens = rows + DISPATCH_KEYS_LEN * width,
+                  *topic_lens = rows + DISPATCH_TOPIC_LEN * width;
+    int64_t *starts = starts_view.buf;
+    int64_t stretches = 0, stamp_max = INT64_MIN, tagged = 0, keyed = 0, empty_topic = count;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t row = 0; row < count; row++) {
+        if (row == 0 || hashes[row] != hashes[row - 1] || queue_ids[row] != queue_ids[row - 1])
+            starts[stretches++] = row;
+        if (stamps[row] > stamp_max) stamp_max = stamps[row];
+        tagged |= tag_lens[row] != 0;
+        keyed |= keys_lens[row] != 0;
+        if (topic_lens[row] == 0 && empty_topic == count) empty_topic = row;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(LLOOL)", (long long)stretches, (long long)stamp_max,
+                           tagged ? Py_True : Py_False, keyed ? Py_True : Py_False,
+                           (long long)empty_topic);
+done:
+    PyBuffer_Release(&starts_view);
+    PyBuffer_Release(&rows_view);
+    return result;
+}
+
+/* populate_read(buffer, start, length) -> bool
+ * Map [start, start + length) of buffer, a page-aligned mapping (a CommitLog file's),
+ * from start rounded down to a page, ahead of a scan: madvise(MADV_POPULATE_READ),
+ * without the GIL (it takes milliseconds for a window). commitlog/recovery.py's
+ * _populate says why; populate_read_py there is the twin. A hint: False (nothing done)
+ * when the buffer is not page-aligned, the kernel lacks it, or it fails; ValueError
+ * for a range outside the buffer. */
+PyObject *mqstore_populate_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "populate_read takes 3 arguments");
+        return NULL;
+    }
+    int64_t start, length;
+    if (as_i64(args[1], &start) < 0 || as_i64(args[2], &length) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    if (!slice_inside(start, length, view.len)) {
+        PyErr_SetString(PyExc_ValueError, "populate_read: range outside the buffer");
+        goto done;
+    }
+    int done_it = 0;
+#if defined(__linux__)
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)view.buf;
+    if (page > 0 && base % (uintptr_t)page == 0 && length > 0) {
+        int64_t from = start - start % page; /* stays inside: the buffer starts on a page */
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = madvise((char *)view.buf + from, (size_t)(start + length - from), MADV_POPULATE_READ);
+        Py_END_ALLOW_THREADS
+        done_it = rc == 0;
+    }
+#endif
+    result = PyBool_FromLong(done_it);
+done:
+    PyBuffer_Release(&view);
     return result;
 }

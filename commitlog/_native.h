@@ -336,6 +336,8 @@ enum {
 
 PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_units_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_run_stretches(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_populate_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* segmented/_records.c: the records of a Kafka record batch v2, walked. */
 PyObject *mqstore_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

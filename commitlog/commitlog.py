@@ -87,7 +87,7 @@ from mqstore.commitlog.record import (
     encode_tag,
     validate_topic,
 )
-from mqstore.commitlog.recovery import scan_log
+from mqstore.commitlog.recovery import RunHook, scan_log
 from mqstore.commitlog.replica import plan_replica_chunk
 
 __all__ = [
@@ -190,6 +190,7 @@ class CommitLog:
         syncer: Callable[[MappedFile], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
         store_ts_floor_ms: int = 0,
+        on_run: RunHook | None = None,
     ) -> CommitLog:
         """Open (or create) the log in ``directory`` and recover its end.
 
@@ -212,6 +213,8 @@ class CommitLog:
             store_ts_floor_ms: a store timestamp the log already used (the
                 checkpoint's): new records never get an earlier one, even when the
                 clock stepped back across a restart and the scan read no record.
+            on_run: takes the recovery scan's runs of verified records (the store's
+                re-dispatch during the scan: commitlog/recovery.py, ``RunHook``).
 
         Raises:
             CorruptDataError: files are missing, misnamed or of the wrong size, or
@@ -225,7 +228,7 @@ class CommitLog:
         commitlog._appender.last_store_ts_ms = max(0, store_ts_floor_ms)
         try:
             commitlog._files.load()
-            commitlog._recover(recover_from)
+            commitlog._recover(recover_from, on_run)
             if not read_only:
                 commitlog._start_services()
         except BaseException:
@@ -319,7 +322,7 @@ class CommitLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def _recover(self, recover_from: int | None) -> None:
+    def _recover(self, recover_from: int | None, on_run: RunHook | None = None) -> None:
         files = self._files
         if not files.files:
             self._appender.write_position = self._flushed_position = recover_from or 0
@@ -339,7 +342,7 @@ class CommitLog:
         appender = self._appender
         start_ts_ms = appender.last_store_ts_ms  # a timestamp used at or before start
         end, appender.last_store_ts_ms = scan_log(
-            files, start, self._queue_offsets, appender.last_store_ts_ms
+            files, start, self._queue_offsets, appender.last_store_ts_ms, on_run
         )
         assert start <= end, f"the scan went back from {start} to {end}"
         appender.write_position = end

@@ -576,10 +576,14 @@ def scan_records_py(
     store_ts_ms: Any,
     topic_lens: Any,
     topic_hashes: Any,
+    dispatch: Any = None,
 ) -> tuple[int, int, int, int]:
     """Walk and verify records from ``start`` as ``decode`` does, filling one row of
     the output arrays per record (position in the file, size, queue offset, queue id,
-    store timestamp, topic length, XXH64 of the topic bytes).
+    store timestamp, topic length, XXH64 of the topic bytes); with ``dispatch`` (an
+    int64 array of commitlog/header_scan.py's DISPATCH_ROWS rows, at least as wide),
+    its column of what ``dispatch_columns`` gives for the record instead (the output
+    arrays are left as they are; they still set the capacity).
 
     Returns:
         (end, count, status, closed): where the walk stopped, how many rows were
@@ -591,6 +595,8 @@ def scan_records_py(
     if min(map(len, columns)) < capacity or not 0 <= start <= limit <= memoryview(buffer).nbytes:
         raise ValueError("scan_records: outputs too short, bad range or start")
     if not 0 <= file_start <= _INT64_MAX - limit:
+        raise ValueError("scan_records: outputs too short, bad range or start")
+    if dispatch is not None and (dispatch.ndim != 2 or dispatch.shape[1] < capacity):
         raise ValueError("scan_records: outputs too short, bad range or start")
     while True:
         if count == capacity:
@@ -607,13 +613,24 @@ def scan_records_py(
         if record is None:
             return at + total, count, SCAN_BLANK, closed
         topic = record.topic.encode("ascii")
-        positions[count] = at
-        sizes[count] = record.size
-        queue_offsets[count] = record.queue_offset
-        queue_ids[count] = record.queue_id
-        store_ts_ms[count] = record.store_ts_ms
-        topic_lens[count] = len(topic)
-        topic_hashes[count] = xxhash.xxh64_intdigest(topic)
+        topic_hash = xxhash.xxh64_intdigest(topic)
+        if dispatch is None:
+            positions[count] = at
+            sizes[count] = record.size
+            queue_offsets[count] = record.queue_offset
+            queue_ids[count] = record.queue_id
+            store_ts_ms[count] = record.store_ts_ms
+            topic_lens[count] = len(topic)
+            topic_hashes[count] = topic_hash
+        else:  # (dispatch_columns' rows, in their order)
+            fields = HEADER.unpack_from(buffer, at)
+            dispatch[:, count] = (
+                file_start + at, record.size, record.queue_offset, record.queue_id,
+                record.born_ts_ms, record.store_ts_ms,
+                topic_hash - (1 << 64) if topic_hash >> 63 else topic_hash,  # as int64
+                len(topic), fields[_FIELDS.index("TAG_LEN")],
+                fields[_FIELDS.index("KEYS_LEN")], record.flags,
+            )  # fmt: skip
         at += record.size
         count += 1
         if not record.flags & FLAG_GROUP_OPEN:

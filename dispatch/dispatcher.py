@@ -174,12 +174,15 @@ class Dispatcher:
         index: IndexLike,
         *,
         start_position: int,
+        start_ts_ms: int = 0,
         sync_mode: bool,
         uses_create_time: TimestampChooser,
         interval_ms: int = 1,
         retry_window_ms: int = RETRY_WINDOW_MS,
     ) -> None:
         """Args:
+            start_ts_ms: the store timestamp of the record before ``start_position``
+                (0: unknown), until a round dispatches one.
             retry_window_ms: how long rounds may keep failing before the dispatcher
                 gives up (see the module docstring), 1 to RETRY_WINDOW_MS_MAX.
 
@@ -207,7 +210,7 @@ class Dispatcher:
         # only. A plain attribute, not a property: every put checks it.
         self.failure: DispatchFailedError | None = None
         self._position = start_position
-        self._dispatched_ts_ms = 0
+        self._dispatched_ts_ms = start_ts_ms
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._waiters = Waiters()

@@ -69,10 +69,11 @@ from mqstore.commitlog.record import (
     PREFIX,
     decode_keys,
 )
+from mqstore.commitlog.run_stretches import Stretches, stretches_of
 from mqstore.consumequeue.reput_check import RunColumns
 from mqstore.consumequeue.tail_writer import TailWriter
 
-__all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS"]
+__all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS", "TakenRuns"]
 
 # Headers parsed per dispatch_columns call: the columns take 80 B a row (5 MiB), and
 # each queue's put_batch (about 0.1 ms of checks) is spread over as many units as
@@ -169,13 +170,15 @@ class LogScan:
 
     def __init__(
         self,
-        commitlog: CommitLog,
+        commitlog: CommitLog | None,
         queue: QueueFinder,
         tail: TailWriter | None,
         uses_create_time: Callable[[str], bool],
         tag_hash: Callable[[bytes], int],
     ) -> None:
         """Args:
+        commitlog: the log ``scan`` reads; None for a LogScan that only takes runs
+            parsed elsewhere (``take_runs``: the recovery scan's).
         queue: (topic, queue id) -> its ConsumeQueue.
         tail: the dispatcher's TailWriter (the real store), which takes the small
             queues' units in one call; None: they take a ``put`` each.
@@ -191,6 +194,7 @@ class LogScan:
         # run (fresh arrays of this size cost a page fault per 4 KiB each time).
         self._laid: np.ndarray | None = None
         self._row_numbers: np.ndarray | None = None
+        self._starts: np.ndarray | None = None  # run_stretches' starts, made with _laid
         self._topics: dict[bytes, str] = {}
 
     def scan(self, start: int, end: int, hard_end: int, keyed: Keyed) -> Parsed:
@@ -202,10 +206,10 @@ class LogScan:
         A record that breaks the format stops the scan at its start, with the reason;
         what precedes it is written.
         """
+        assert self._commitlog is not None, "a LogScan for take_runs only"
         if self._columns is None:
             self._columns = new_columns(SCAN_ROWS)
-            self._laid = np.empty((len(_UNIT_ROWS) + 1, SCAN_ROWS), dtype=np.int64)
-            self._row_numbers = np.arange(SCAN_ROWS, dtype=np.int64)
+            self._make_layout()
         ahead: Prefetch[_Run] | None = None
         runs: Iterator[_Run]
         if end - start >= PARSE_AHEAD_MIN_BYTES and dispatch_columns is not dispatch_columns_py:
@@ -220,12 +224,15 @@ class LogScan:
             runs = _parse_runs(self._commitlog, start, end, hard_end, single)
         pending = _Pending()
         position, store_ts_ms, count = start, 0, 0
+        starts = self._starts
+        assert starts is not None
         try:
             for mapped, at, taken, status, columns in runs:
                 file_start = mapped.start_offset
                 if taken:
                     store_ts_ms = int(columns[DISPATCH_STORE_TS, taken - 1])
-                    self._collect_run(mapped, columns[:, :taken], pending, keyed)
+                    found = stretches_of(columns, taken, starts)
+                    self._collect_run(mapped, columns[:, :taken], found, pending, keyed)
                     count += taken
                     if pending.rows >= PENDING_ROWS_MAX:
                         self._write(pending)
@@ -245,25 +252,43 @@ class LogScan:
         self._write(pending)
         return Parsed(position, store_ts_ms, count, None)
 
-    def _collect_run(self, mapped: MappedFile, rows: np.ndarray, pending: _Pending,
-                     keyed: Keyed) -> None:  # fmt: skip
+    def _make_layout(self, rows_max: int = SCAN_ROWS) -> None:
+        if self._laid is None or self._laid.shape[1] < rows_max:
+            self._laid = np.empty((len(_UNIT_ROWS) + 1, rows_max), dtype=np.int64)
+            self._row_numbers = np.arange(rows_max, dtype=np.int64)
+            self._starts = np.empty(rows_max, dtype=np.int64)
+
+    def take_runs(self, rows_max: int) -> TakenRuns:
+        """Dispatch runs of records parsed elsewhere (the recovery scan's, at most
+        ``rows_max`` rows each, in log order): ``TakenRuns.take`` each, then
+        ``finish``."""
+        assert rows_max > 0
+        self._make_layout(rows_max)
+        return TakenRuns(self, rows_max)
+
+    def _collect_run(self, mapped: MappedFile, rows: np.ndarray, found: Stretches,
+                     pending: _Pending, keyed: Keyed) -> None:  # fmt: skip
         """Write one run's units, queue by queue: a queue with more than
         SMALL_GROUP_UNITS units in the run at once (after its pending ones), the others
-        into ``pending``; its index entries go to ``keyed``."""
-        hashes = rows[DISPATCH_TOPIC_HASH]
-        if (hashes == hashes[0]).all():  # one topic: the common case
+        into ``pending``; its index entries go to ``keyed``. ``found``: the run's
+        stretches of one queue (``run_stretches``)."""
+        starts = found.starts
+        stretch_hashes = rows[DISPATCH_TOPIC_HASH][starts]
+        queue_ids = rows[DISPATCH_QUEUE_ID][starts] & _QUEUE_ID_MASK
+        if (stretch_hashes == stretch_hashes[0]).all():  # one topic: the common case
             topics = [self._topic_at(mapped, rows, 0)]
-            keys = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
-            topic_of_row = None
+            stretch_keys = queue_ids
+            topic_of_stretch = None
         else:
-            _, first_rows, topic_of_row = np.unique(hashes, return_index=True, return_inverse=True)
-            topics = [self._topic_at(mapped, rows, int(row)) for row in first_rows.tolist()]
-            queue_ids = rows[DISPATCH_QUEUE_ID] & _QUEUE_ID_MASK
-            keys = (topic_of_row.astype(np.int64) << 32) | queue_ids
+            _, firsts, topic_of_stretch = np.unique(
+                stretch_hashes, return_index=True, return_inverse=True
+            )
+            topics = [self._topic_at(mapped, rows, int(starts[k])) for k in firsts.tolist()]
+            stretch_keys = (topic_of_stretch.astype(np.int64) << 32) | queue_ids
         create_time = [self._uses_create_time(topic) for topic in topics]
-        tags = self._tag_codes(mapped, rows)
+        tags = self._tag_codes(mapped, rows) if found.tagged else None
         assert self._laid is not None and self._row_numbers is not None
-        order, groups = _groups(keys, self._row_numbers)
+        order, groups = _stretch_groups(stretch_keys, starts, rows.shape[1], self._row_numbers)
         laid: list[np.ndarray] | None = None  # laid out when a queue's units are put
         for key, lo, hi in groups:
             name = (topics[key >> 32], key & _QUEUE_ID_MASK)
@@ -287,7 +312,7 @@ class LogScan:
                 self._put_batch(name, units)
             else:  # copies: the columns are reused by the next run
                 pending.add(name, _copy(units))
-        if rows[DISPATCH_KEYS_LEN].any():
+        if found.keyed:
             mapping, file_start = mapped.mapping, mapped.start_offset
             for row in np.flatnonzero(rows[DISPATCH_KEYS_LEN]).tolist():
                 physical = int(rows[DISPATCH_PHYSICAL, row])
@@ -295,7 +320,10 @@ class LogScan:
                 at = (physical - file_start + HEADER_SIZE + int(rows[DISPATCH_TOPIC_LEN, row])
                       + int(rows[DISPATCH_TAG_LEN, row]))  # fmt: skip
                 keys_raw = mapping[at : at + int(rows[DISPATCH_KEYS_LEN, row])]
-                topic = topics[0 if topic_of_row is None else int(topic_of_row[row])]
+                topic = topics[0]
+                if topic_of_stretch is not None:
+                    stretch = int(np.searchsorted(starts, row, side="right")) - 1
+                    topic = topics[int(topic_of_stretch[stretch])]
                 keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
 
     def _in_place(self, name: tuple[str, int], rows: np.ndarray, tags: np.ndarray | None,
@@ -452,6 +480,41 @@ class LogScan:
         return topic
 
 
+class TakenRuns:
+    """``LogScan.take_runs``: one scan's worth of runs handed in from outside, written
+    as ``scan`` writes its own (per-queue order: a queue's collected units go with, and
+    before, its next ``put_batch``; everything is written by ``finish``)."""
+
+    __slots__ = ("_pending", "_rows_max", "_scan")
+
+    def __init__(self, scan: LogScan, rows_max: int) -> None:
+        self._scan = scan
+        self._rows_max = rows_max
+        self._pending = _Pending()
+
+    def take(self, mapped: MappedFile, rows: np.ndarray, found: Stretches | None,
+             keyed: Keyed) -> None:  # fmt: skip
+        """One run: ``rows`` of dispatch columns (DISPATCH_ROWS rows, a column per
+        record, at most ``rows_max``) of records in ``mapped``, with its stretches
+        (``run_stretches``; None: found here); keyed records' index entries are
+        appended to ``keyed``."""
+        count = rows.shape[1]
+        assert 0 < count <= self._rows_max
+        if found is None:
+            assert self._scan._starts is not None
+            found = stretches_of(np.ascontiguousarray(rows), count, self._scan._starts)
+        assert found.rows == count
+        self._scan._collect_run(mapped, rows, found, self._pending, keyed)
+        if self._pending.rows >= PENDING_ROWS_MAX:
+            self._scan._write(self._pending)
+            self._pending = _Pending()
+
+    def finish(self) -> None:
+        """Write what the runs left collected."""
+        self._scan._write(self._pending)
+        self._pending = _Pending()
+
+
 _Run = tuple[MappedFile, int, int, int, np.ndarray]  # file, at, taken, status, columns
 
 
@@ -486,13 +549,21 @@ def _groups(
     them with one repeat (no sort of the rows). ``row_numbers`` (0, 1, ... at least as
     many as keys) saves making them."""
     count = len(keys)
-    starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    if not len(starts):
+    starts = np.concatenate(([0], np.flatnonzero(keys[1:] != keys[:-1]) + 1))
+    return _stretch_groups(keys[starts], starts, count, row_numbers)
+
+
+def _stretch_groups(
+    keys: np.ndarray, starts: np.ndarray, count: int, row_numbers: np.ndarray | None = None
+) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+    """``_groups`` of ``count`` rows from their stretches: the row each starts at (the
+    first at 0, in order) and its key (``keys``)."""
+    assert len(starts) == len(keys) >= 1 and starts[0] == 0
+    if len(starts) == 1:
         return None, [(int(keys[0]), 0, count)]
-    starts = np.concatenate(([0], starts))
     lengths = np.diff(np.append(starts, count))
     distinct, first_stretch, group_of_stretch = np.unique(
-        keys[starts], return_index=True, return_inverse=True
+        keys, return_index=True, return_inverse=True
     )
     by_group = np.argsort(group_of_stretch, kind="stable")  # run order within a group
     laid_lengths = lengths[by_group]

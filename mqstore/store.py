@@ -20,7 +20,10 @@ Open (writer): take the lock, mark ``abort``, load the checkpoint, recover the
 CommitLog from min(flushed, dispatched), truncate ConsumeQueue units and index
 entries that point past the recovered end, re-dispatch from the dispatched position
 (idempotent), then start the dispatcher, the flush service and the scheduled jobs
-(checkpoint every second; retention). Close reverses it and removes ``abort``.
+(checkpoint every second; retention). Close reverses it and removes ``abort``. After
+a crash the re-dispatch mostly happens during the CommitLog's recovery scan, run by
+run as records verify (dispatch/scan_dispatch.py: its module says when, and how the
+truncation after the scan covers what it wrote past the end).
 
 Open (read-only): no lock, no writes; the store follows a live writer in another
 process through the ConsumeQueues it dispatches (shared page cache). Its long polls
@@ -35,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from types import TracebackType
 from typing import Any
 
@@ -62,7 +66,7 @@ from mqstore.commitlog.lock import (
     power_loss_possible,
     read_abort,
 )
-from mqstore.commitlog.record import validate_topic
+from mqstore.commitlog.record import tag_hash, validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.compaction import (
     COMPACTION_DIR,
@@ -73,8 +77,10 @@ from mqstore.compaction import (
 from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.queue_time import TimeProbe
+from mqstore.consumequeue.tail_writer import TailWriter
 from mqstore.dispatch.dispatcher import Dispatcher
 from mqstore.dispatch.notify import Follower, Notifier
+from mqstore.dispatch.scan_dispatch import ScanDispatch
 from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.indexfile import IndexConfig, IndexService
 from mqstore.indexfile.format import key_hash
@@ -83,6 +89,7 @@ from mqstore.message import Message, PutResult
 from mqstore.reader import StoreReader
 from mqstore.reader import check_count as _check_count
 from mqstore.reader import check_offset as _check_offset
+from mqstore.replication.epochs import EPOCH_FILE
 from mqstore.room import check_room_for_first_files
 from mqstore.services import Scheduler
 from mqstore.store_replica import ReplicaStore
@@ -102,6 +109,7 @@ READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed
 # Log bytes one re-dispatch round at open takes: bounds the index entries a round
 # collects (a keyed 100-byte message each: ~2.5M entries), at ~4 rounds per GiB.
 REDISPATCH_ROUND_BYTES_MAX = 256 << 20
+TAG_HASHES_CACHED = 4096  # distinct tags whose hashes the re-dispatch at open remembers
 
 
 class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
@@ -122,6 +130,7 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         self.derived_sync_failure: Exception | None = None  # freezes the dispatched claim
         self._derived_unsynced = False  # an unclean stop's writes not synced yet (_recover)
         self._redispatched_from = 0  # where the open's re-dispatch started (_recover_derived)
+        self.redispatched_at_open = 0  # records the open re-dispatched (during the scan too)
         self._checkpoint_guard = threading.Lock()
         self._dispatcher: Dispatcher | None = None
         self._notifier: Notifier | None = None  # writers: bumps ``notify`` after rounds
@@ -267,6 +276,7 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
             recover_from = min(checkpoint.flushed_position, checkpoint.dispatched_position)
             store_ts_floor_ms = max(checkpoint.flushed_ts_ms, checkpoint.dispatched_ts_ms)
             self._checkpoint = checkpoint
+        scan_dispatch = self._scan_dispatch(checkpoint)
         self.commitlog = CommitLog.open(
             os.path.join(root, "commitlog"),
             config.commitlog_config(),
@@ -276,13 +286,14 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
             topic_offsets_loader=self._topic_next_offsets,
             clock_ms=clock_ms,
             store_ts_floor_ms=store_ts_floor_ms,
+            on_run=scan_dispatch,
         )
         self._append = self.commitlog.append
         if read_only:
             if os.path.isdir(os.path.join(root, COMPACTION_DIR)):
                 self._compaction = CopyReader(root, self.topics)
             return
-        self._recover_derived(checkpoint)
+        self._recover_derived(checkpoint, scan_dispatch)
         self._register_written_queues()  # a store from before puts registered topics
         if CompactionLogs.wanted(root, self.topics):
             self._open_compaction()
@@ -302,10 +313,35 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         if isinstance(self._compaction, CompactionLogs):
             self._compaction.copy_all()
 
-    def _recover_derived(self, checkpoint: Checkpoint | None) -> None:
-        """Make ConsumeQueues and the index agree with the recovered CommitLog."""
+    def _scan_dispatch(self, checkpoint: Checkpoint | None) -> ScanDispatch | None:
+        """The re-dispatch during the recovery scan (dispatch/scan_dispatch.py), for a
+        writer reopening after a crash whose re-dispatch starts at the checkpoint's
+        dispatched position with nothing held back, in async flush mode (a clean
+        reopen scans nothing: no threads or columns for it); the index is cut back to
+        there first."""
+        if (
+            self.read_only or checkpoint is None or not self.recovered_from_crash
+            or self._rebuild_derived
+            or self.power_loss_possible or self.config.flush_mode == "sync"
+            or self._open_replicated or self.index.dropped_files
+            or os.path.exists(os.path.join(self.root, EPOCH_FILE))
+        ):  # fmt: skip
+            return None
+        self.index.truncate_beyond(checkpoint.dispatched_position)
+        return ScanDispatch(
+            checkpoint.dispatched_position, self.consume_queues.queue,
+            TailWriter(self.consume_queues), self.index, self._uses_create_time,
+            lru_cache(maxsize=TAG_HASHES_CACHED)(tag_hash),
+        )  # fmt: skip
+
+    def _recover_derived(self, checkpoint: Checkpoint | None,
+                         scan_dispatch: ScanDispatch | None) -> None:  # fmt: skip
+        """Make ConsumeQueues and the index agree with the recovered CommitLog (after
+        what ``scan_dispatch`` did during the scan, if any)."""
         commitlog = self.commitlog
         end = commitlog.write_position
+        if scan_dispatch is not None:  # before the cuts below (an append group cut short)
+            scan_dispatch.finish()
         rebuild_from: int | None = None
         if self.power_loss_possible and checkpoint is not None:
             # A power cut may have torn what was written after the checkpoint's claim.
@@ -320,7 +356,10 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         self.consume_queues.truncate_beyond(end)
         # Index pages written after the last checkpoint may be lost with power: cut
         # back to what the checkpoint vouches for; re-dispatch puts the rest back.
-        index_end = end if checkpoint is None else min(end, checkpoint.dispatched_position)
+        # (Cut back already when re-dispatched during the scan: entries past it are new.)
+        index_end = end
+        if checkpoint is not None and scan_dispatch is None:
+            index_end = min(end, checkpoint.dispatched_position)
         self.index.truncate_beyond(index_end)
         if commitlog.min_position > 0:
             self.consume_queues.correct_min_offsets(commitlog.min_position)
@@ -335,11 +374,18 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         if rebuild_from is not None:  # whole ConsumeQueue files were dropped: put them back
             start = min(start, max(rebuild_from, commitlog.min_position))
         self._redispatched_from = start
+        position, position_ts_ms, redispatched = start, 0, 0
+        if scan_dispatch is not None and scan_dispatch.from_position == start:
+            position = min(max(scan_dispatch.position, start), end)
+            redispatched = scan_dispatch.records
+            if scan_dispatch.position <= end:
+                position_ts_ms = scan_dispatch.store_ts_ms
         self._dispatcher = Dispatcher(
             commitlog,
             self.consume_queues,
             self.index,
-            start_position=start,
+            start_position=position,
+            start_ts_ms=position_ts_ms,
             sync_mode=self.config.flush_mode == "sync",
             uses_create_time=self._uses_create_time,
             interval_ms=self.config.dispatch_interval_ms,
@@ -350,7 +396,6 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         # the flush service syncs it, off the open (CommitLog._recover).
         if self.config.flush_mode == "sync":
             commitlog.flush_to(end)
-        redispatched = 0
         dispatcher = self._dispatcher
         shown = self._hold_at_open(checkpoint, self._open_replicated)  # mqstore.store_replica
         if shown is not None:
@@ -360,6 +405,7 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
             redispatched += dispatcher.dispatch_available(REDISPATCH_ROUND_BYTES_MAX)
             if dispatcher.position == before:
                 break  # nothing readable below the end: a guard, never a spin
+        self.redispatched_at_open = redispatched
         if redispatched:
             log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
         self._apply_topic_retention()  # log starts moved by topic retention are not on disk

@@ -16,6 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.commitlog import record
+from mqstore.commitlog.header_scan import (
+    DISPATCH_PHYSICAL,
+    DISPATCH_QUEUE_ID,
+    DISPATCH_QUEUE_OFFSET,
+    DISPATCH_ROWS,
+    DISPATCH_SIZE,
+    DISPATCH_STORE_TS,
+    DISPATCH_TOPIC_HASH,
+    DISPATCH_TOPIC_LEN,
+    new_columns,
+)
 from mqstore.commitlog.native import NATIVE
 from tests import strategies as s
 
@@ -263,7 +274,16 @@ def test_slices_encode_as_python_does(
         assert outputs[0] == (bytes(buffer), positions.tolist(), stop)
 
 
+#: The dispatch rows that hold scan_records' outputs, in the outputs' order.
+_SCAN_FIELDS = (DISPATCH_PHYSICAL, DISPATCH_SIZE, DISPATCH_QUEUE_OFFSET, DISPATCH_QUEUE_ID,
+                DISPATCH_STORE_TS, DISPATCH_TOPIC_LEN, DISPATCH_TOPIC_HASH)  # fmt: skip
+
+
 def _scan_both(buffer: bytearray, start: int, limit: int, file_start: int, capacity: int):
+    """C's and the twin's scan_records answers. Each is also asked for the dispatch
+    columns instead (an array wider than the outputs): the answer is the same, the
+    outputs are left alone, and the columns hold the outputs' fields and are those
+    dispatch_columns gives for the records scanned (as far as it takes them)."""
     assert NATIVE is not None
     outputs = []
     for run in (NATIVE.scan_records, record.scan_records_py):
@@ -271,7 +291,51 @@ def _scan_both(buffer: bytearray, start: int, limit: int, file_start: int, capac
         columns = [np.zeros(capacity, dtype) for dtype in dtypes]
         end, count, status, closed = run(buffer, start, limit, file_start, *columns)
         outputs.append((end, count, status, closed, [c[:count].tolist() for c in columns]))
+        plain_columns = outputs[-1][4]
+        dispatch = new_columns(capacity + 3)
+        columns = [np.zeros(capacity, dtype) for dtype in dtypes]
+        answer = run(buffer, start, limit, file_start, *columns, dispatch)
+        assert answer == (end, count, status, closed)
+        assert not any(c.any() for c in columns)
+        assert not dispatch[:, count:].any()
+        positions, sizes, offsets, queue_ids, stamps, topic_lens, hashes = plain_columns
+        assert [dispatch[row, :count].tolist() for row in _SCAN_FIELDS] == [
+            [file_start + at for at in positions],
+            sizes,
+            offsets,
+            queue_ids,
+            stamps,
+            topic_lens,
+            np.array(hashes, np.uint64).view(np.int64).tolist(),
+        ]
+        if count:
+            stop = positions[-1] + sizes[-1]
+            parsed = new_columns(capacity)
+            _, taken, _ = NATIVE.dispatch_columns(buffer, start, int(stop), limit, int(stop),
+                                                  file_start, True, parsed)  # fmt: skip
+            assert taken <= count
+            assert dispatch[:, :taken].tolist() == parsed[:, :taken].tolist()
+        outputs[-1][4].append(dispatch[:, :count].tolist())
     return outputs
+
+
+@native
+def test_scan_records_refuses_a_short_dispatch_array() -> None:
+    """The dispatch columns must be DISPATCH_ROWS rows at least as wide as the
+    outputs, of 8-byte integers, in C as in the twin."""
+    assert NATIVE is not None
+    buffer = bytearray(1024)
+    dtypes = (np.int64, np.int32, np.int64, np.int32, np.int64, np.uint8, np.uint64)
+    columns = [np.zeros(4, dtype) for dtype in dtypes]
+    for run in (NATIVE.scan_records, record.scan_records_py):
+        with pytest.raises(ValueError):
+            run(buffer, 0, len(buffer), 0, *columns, new_columns(3))
+    with pytest.raises(TypeError):
+        NATIVE.scan_records(buffer, 0, len(buffer), 0, *columns,
+                            np.zeros((DISPATCH_ROWS, 4), np.int32))  # fmt: skip
+    with pytest.raises(ValueError):
+        NATIVE.scan_records(buffer, 0, len(buffer), 0, *columns,
+                            np.zeros(DISPATCH_ROWS * 4 + 1, np.int64))  # fmt: skip
 
 
 @native

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import gc
 import json
+import mmap
 import os
 import struct
 import threading
@@ -31,7 +32,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.commitlog import columns, header_scan, record
+from mqstore.commitlog import columns, header_scan, record, recovery, run_stretches
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import reput_check, time_index
 from tests.consumequeue.test_reput_check import cases as units_in_place_cases
@@ -360,9 +361,17 @@ def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
     mistyped = data.draw(mostly(st.just(False), st.booleans())) and capacity > 0
     if mistyped:
         columns[1] = np.zeros(capacity, np.int64)
+    # The dispatch columns instead of the outputs: none, or rows of a width around the
+    # capacity (narrower is refused), or mistyped (int32).
+    width = data.draw(mostly(st.none(), st.integers(max(0, capacity - 1), capacity + 2)))
+    dispatch_mistyped = width is not None and data.draw(mostly(st.just(False), st.booleans()))
+    mistyped |= dispatch_mistyped
+    extra = [] if width is None else [
+        np.zeros((header_scan.DISPATCH_ROWS, width), np.int32 if dispatch_mistyped else np.int64)
+    ]  # fmt: skip
     outputs = []
     for twin in (False, True):
-        copies = [column.copy() for column in columns]
+        copies = [column.copy() for column in [*columns, *extra]]
         if twin:
             out = _call(record.scan_records_py, buffer, start, limit, file_start, *copies,
                         errors=PY_ERRORS)  # fmt: skip
@@ -374,6 +383,8 @@ def test_fuzz_scan_records(crafted: tuple, data: st.DataObject) -> None:
         if outputs[0][0][0] == "ok":
             count = outputs[0][0][1][1]
             assert [c[:count] for c in outputs[0][1]] == [c[:count] for c in outputs[1][1]]
+            if extra:  # the dispatch rows, every one
+                assert outputs[0][1][-1] == outputs[1][1][-1]
 
 
 @FUZZ
@@ -470,6 +481,55 @@ def test_fuzz_units_in_place(data: st.DataObject) -> None:
             sizes, tags, timestamps, order, lo, count)  # fmt: skip
     c_out = _c("units_in_place", *both)
     _agree(c_out, _call(reput_check.units_in_place_py, *both, errors=PY_ERRORS))
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_run_stretches(data: st.DataObject) -> None:
+    """A run's dispatch columns of hostile values (any int64), a hostile count, rows
+    that are not whole rows or of another item size, starts short or mistyped: C and
+    the twin agree on the answer and on every start written."""
+    width = data.draw(st.integers(0, 6))
+    values = data.draw(st.lists(i64, min_size=width * header_scan.DISPATCH_ROWS,
+                                max_size=width * header_scan.DISPATCH_ROWS))  # fmt: skip
+    rows = np.array(values, np.int64).reshape(header_scan.DISPATCH_ROWS, width)
+    if data.draw(mostly(st.just(False), st.booleans())):
+        rows = data.draw(_arrays(rows.size, np.int64))  # flat: short, long or int32
+    count = data.draw(mostly(st.integers(0, width + 1), hostile_int))
+    starts = data.draw(mostly(st.just(np.zeros(width, np.int64)), _arrays(width, np.int64)))
+    outputs = []
+    for twin in (False, True):
+        copy = starts.copy()
+        if twin:
+            out = _call(run_stretches.run_stretches_py, rows, count, copy, errors=PY_ERRORS)
+        else:
+            out = _c("run_stretches", rows, count, copy)
+        outputs.append((out, copy.tolist()))
+    _agree(outputs[0][0], outputs[1][0])
+    if outputs[0][0][0] == "ok":
+        stretches = outputs[0][0][1][0]
+        assert outputs[0][1][:stretches] == outputs[1][1][:stretches]
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_populate_read(data: st.DataObject) -> None:
+    """The scan's look-ahead: hostile start and length over an anonymous mapping or a
+    bytes object; C and the twin agree on refusing a range outside the buffer."""
+    size = data.draw(st.integers(1, 3)) * mmap.PAGESIZE
+    mapped = data.draw(st.booleans())
+    buffer: Any = mmap.mmap(-1, size) if mapped else bytes(size)
+    try:
+        start = data.draw(mostly(st.integers(0, size), hostile_int))
+        length = data.draw(mostly(st.integers(0, size), hostile_int))
+        c_out = _c("populate_read", buffer, start, length)
+        py_out = _call(recovery.populate_read_py, buffer, start, length, errors=PY_ERRORS)
+        assert c_out[0] == py_out[0], (c_out, py_out)
+        if c_out[0] == "ok" and not mapped:
+            assert c_out[1] is False and py_out[1] is False
+    finally:
+        if mapped:
+            buffer.close()
 
 
 # ------------------------------------------------------------------ the columnar read

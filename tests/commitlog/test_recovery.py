@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import signal
@@ -12,10 +13,12 @@ import time
 
 import pytest
 
+from mqstore.commitlog import recovery
 from mqstore.commitlog.batch import Trailer
 from mqstore.commitlog.commitlog import CommitLog
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError
+from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog.record import FLAG_GROUP_OPEN
 
 FILE = 64 * 1024
@@ -476,3 +479,31 @@ def test_a_failure_while_taking_runs_ahead_leaves_no_scanner_running(tmp_path, c
     finally:
         log.close()
     assert not [t for t in threading.enumerate() if t.name == "mqstore-scan"]
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_populate_read_maps_a_window_of_a_mapping_and_refuses_a_range_outside(tmp_path, twin):
+    """The scan's look-ahead (recovery._populate): on a file's mapping it maps the
+    window (a kernel before 5.14 says False), on a buffer that is not a page-aligned
+    mapping it does nothing, and a range outside the buffer is a ValueError, in C
+    as in the twin."""
+    if not twin and NATIVE is None:
+        pytest.skip("the C module is not built")
+    populate = recovery.populate_read_py if twin else NATIVE.populate_read
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (3 * mmap.PAGESIZE))
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+    try:
+        done = populate(mapping, mmap.PAGESIZE + 5, mmap.PAGESIZE)
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+        assert done is True or (done is False and (major, minor) < (5, 14))
+        assert populate(mapping, 0, 0) is False
+        for start, length in ((-1, 1), (0, 3 * mmap.PAGESIZE + 1), (3 * mmap.PAGESIZE, 1)):
+            with pytest.raises(ValueError):
+                populate(mapping, start, length)
+    finally:
+        mapping.close()
+    assert populate(b"abc", 0, 3) is False
+    with pytest.raises(ValueError):
+        populate(b"abc", 2, 2)

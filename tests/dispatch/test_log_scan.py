@@ -21,10 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqstore import MessageStore, StoreConfig
+from mqstore.commitlog import recovery
 from mqstore.commitlog.checkpoint import CheckpointFile
 from mqstore.commitlog.header_scan import dispatch_columns_py
 from mqstore.commitlog.native import NATIVE
-from mqstore.commitlog.record import tag_hash
+from mqstore.commitlog.record import scan_records_py, tag_hash
 from mqstore.consumequeue import reput_check
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.reput_check import units_in_place_py
@@ -37,6 +38,8 @@ SCANS = [
     pytest.param("python", id="python"),
     pytest.param("c", id="c", marks=_NEEDS_C),
     pytest.param("c-ahead", id="c-ahead", marks=_NEEDS_C),
+    pytest.param("fused-python", id="fused-python"),
+    pytest.param("fused-c", id="fused-c", marks=_NEEDS_C),
 ]
 
 
@@ -58,8 +61,19 @@ def scan(request, monkeypatch) -> Iterator[str]:
     """Run the test with the C header scan (and check of kept units), with their
     pure-Python twins, and with the C scan parsing ahead in a thread (``Prefetch``) on
     every scan, in runs of 16 records (so a scan is many runs, and the thread waits on
-    its full queue)."""
+    its full queue): those three with the re-dispatch after a crash left to the
+    dispatcher. The "fused" ones re-dispatch during the recovery scan
+    (dispatch/scan_dispatch.py), in runs of 16 records, with the C scan or the twins;
+    a test that crashes checks that it did (``_assert_redispatched_in_scan``)."""
     started: list[int] = []
+    if request.param.startswith("fused"):
+        monkeypatch.setattr(recovery, "SCAN_ROWS", 16)
+        if request.param == "fused-python":
+            monkeypatch.setattr(recovery, "scan_records", scan_records_py)
+            monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
+            monkeypatch.setattr(reput_check, "units_in_place", units_in_place_py)
+    else:
+        monkeypatch.setattr(MessageStore, "_scan_dispatch", lambda store, checkpoint: None)
     if request.param == "python":
         monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
         monkeypatch.setattr(reput_check, "units_in_place", units_in_place_py)
@@ -116,6 +130,17 @@ def _assert_index_complete(store: MessageStore) -> None:
         for key in record.keys:
             hits = store.query_by_key(record.topic, key, max_results=64)
             assert record.physical_offset in [m.physical_offset for m in hits]
+
+
+def _assert_redispatched_in_scan(store: MessageStore, scan: str) -> None:
+    """With a "fused" scan, the open re-dispatched during the recovery scan (and the
+    dispatcher had nothing left); else the dispatcher re-dispatched."""
+    assert store._dispatcher is not None
+    assert store.redispatched_at_open > 0
+    if scan.startswith("fused"):
+        assert store._dispatcher.dispatched_records == 0
+    else:
+        assert store._dispatcher.dispatched_records == store.redispatched_at_open
 
 
 def _write(store: MessageStore, messages: list[tuple[int, int, int, bool, bool]]) -> None:
@@ -206,6 +231,7 @@ def test_redispatch_after_a_crash_over_lost_and_kept_units(scan, tmp_path):
     store._crash()
     with MessageStore.open(path, _config()) as store:
         assert store.recovered_from_crash
+        _assert_redispatched_in_scan(store, scan)
         assert _snapshot(store) == before
         _assert_index_complete(store)
 
@@ -234,7 +260,8 @@ def test_redispatch_confirms_kept_shared_units_in_bulk(scan, tmp_path, monkeypat
     monkeypatch.setattr(ConsumeQueue, "put", counted)
     with MessageStore.open(path, _config()) as store:
         assert store.recovered_from_crash
-        assert store._dispatcher is not None and store._dispatcher.dispatched_records >= 180
+        assert store.redispatched_at_open >= 180
+        _assert_redispatched_in_scan(store, scan)
         assert puts == []
         assert _snapshot(store) == before
         _assert_index_complete(store)
@@ -277,6 +304,7 @@ def test_redispatch_skips_kept_units_and_repairs_the_rest(scan, tmp_path, monkey
     monkeypatch.setattr(ConsumeQueue, "put_batch", counted)
     with MessageStore.open(path, _config()) as store:
         assert store.recovered_from_crash
+        _assert_redispatched_in_scan(store, scan)
         assert 0 not in firsts  # kept every unit: no batch
         for queue_id, offset in damaged.items():
             assert firsts[queue_id], queue_id
@@ -306,6 +334,7 @@ def test_torn_tail_then_redispatch(scan, tmp_path):
         handle.seek(last.physical_offset % FILE_BYTES + 300)
         handle.write(b"\0" * 250)
     with MessageStore.open(path, _config()) as store:
+        _assert_redispatched_in_scan(store, scan)
         assert store.commitlog.write_position == last.physical_offset
         assert store.max_offset("orders", 299 % 3) == last.queue_offset
         assert sum(store.max_offset("orders", q) for q in range(3)) == 299
@@ -357,6 +386,7 @@ def test_sigkill_mid_write_keeps_every_acknowledged_message(scan, tmp_path, size
     assert checkpoint is not None
     with MessageStore.open(path, _config()) as store:
         assert store.recovered_from_crash
+        _assert_redispatched_in_scan(store, scan)
         assert store.commitlog.write_position > checkpoint.dispatched_position + 100 * size
         for queue_id, next_offset in acked.items():
             assert store.max_offset("t", queue_id) >= next_offset

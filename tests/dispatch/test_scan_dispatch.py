@@ -1,0 +1,275 @@
+"""The re-dispatch during the recovery scan (dispatch/scan_dispatch.py): it takes only
+verified records, stops at a tear, leaves nothing of an append group cut short, hands
+over to the dispatcher where it stops, and starts over in the dispatcher when a write
+fails. Each test runs with the C scan and with the pure-Python twins, in runs of 16
+records (so a scan is many runs, and batches straddle them)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from mqstore import MessageStore, StoreConfig
+from mqstore.commitlog import recovery
+from mqstore.commitlog.batch import Trailer
+from mqstore.commitlog.checkpoint import CheckpointFile
+from mqstore.commitlog.header_scan import dispatch_columns_py
+from mqstore.commitlog.native import NATIVE
+from mqstore.commitlog.record import scan_records_py
+from mqstore.consumequeue import reput_check
+from mqstore.consumequeue.consume_queue import ConsumeQueue
+from mqstore.consumequeue.reput_check import units_in_place_py
+from mqstore.consumequeue.tail_writer import TailWriter
+from mqstore.dispatch import log_scan
+
+FILE_BYTES = 64 * 1024  # small CommitLog files: the scan crosses blank records
+QUEUES = 3
+
+
+@pytest.fixture(params=["c", "python"])
+def twin(request, monkeypatch) -> Iterator[str]:
+    if request.param == "c" and NATIVE is None:
+        pytest.skip("the C module is not built")
+    monkeypatch.setattr(recovery, "SCAN_ROWS", 16)
+    if request.param == "python":
+        monkeypatch.setattr(recovery, "scan_records", scan_records_py)
+        monkeypatch.setattr(log_scan, "dispatch_columns", dispatch_columns_py)
+        monkeypatch.setattr(reput_check, "units_in_place", units_in_place_py)
+    yield request.param
+
+
+def _config(**overrides: Any) -> StoreConfig:
+    return StoreConfig(**{
+        "commitlog_file_size_bytes": FILE_BYTES, "prewarm": False,
+        "consumequeue_units_per_file": 64, "consumequeue_shared_units_max": 16,
+        "index_slot_count": 64, "index_entry_count": 4096, **overrides,
+    })  # fmt: skip
+
+
+_FROZEN = {"checkpoint_interval_ms": 600_000, "consumequeue_flush_interval_ms": 3_600_000}
+
+
+#: Every batch is an append group: its 5 records, then a trailer record in "state".
+_TRAILER = Trailer("state", 0, lambda first_queue_offset: (b"s%d" % first_queue_offset, None))
+
+
+def _crashed_store(path: str, batches: int, lose_units: bool) -> list[list[Any]]:
+    """A store whose checkpoint covers a preamble, then ``batches`` keyed batches of
+    5 round the queues of "t", each with a trailer (one append group), then a crash
+    (SIGKILL-like: the page cache keeps everything); ``lose_units``: the queues' units
+    past the preamble are dropped first, so the re-dispatch must write them. Returns
+    the batches' results (the trailers' are not among them)."""
+    store = MessageStore.open(path, _config(**_FROZEN))
+    store.put_batch("t", 0, [b"pre"] * 3, keys=[[f"pre{i}"] for i in range(3)])
+    store.put("state", 0, b"pre")
+    store.close()
+    store = MessageStore.open(path, _config(**_FROZEN))
+    results = []
+    for number in range(batches):
+        keys = [[f"k{number}-{i}", "common"] for i in range(5)]
+        bodies = [bytes([number % 251]) * (200 + number % 7)] * 5
+        results.append(store.put_batch("t", number % QUEUES, bodies, keys=keys,
+                                       tags=f"tag{number % 2}", trailer=_TRAILER))  # fmt: skip
+    for queue_id in range(QUEUES):
+        store.wait_for("t", queue_id, store.max_offset("t", queue_id), 1_000)
+    if lose_units:
+        store.consume_queues.queue("t", 0).truncate(3)
+        for queue_id in range(1, QUEUES):
+            store.consume_queues.queue("t", queue_id).truncate(0)
+    store._crash()
+    return results
+
+
+def _file_and_offset(path: str, physical: int) -> tuple[str, int]:
+    start = physical - physical % FILE_BYTES
+    return os.path.join(path, "commitlog", f"{start:020d}"), physical - start
+
+
+def _flip(path: str, physical: int) -> None:
+    name, in_file = _file_and_offset(path, physical)
+    with open(name, "r+b") as handle:
+        handle.seek(in_file)
+        byte = handle.read(1)
+        handle.seek(in_file)
+        handle.write(bytes([byte[0] ^ 0x10]))
+
+
+def _assert_agrees_with_log(store: MessageStore) -> None:
+    """Every queue's units are the log's records, and every key finds its record."""
+    seen: dict[tuple[str, int], int] = {}
+    for record in store.commitlog.iter_records(store.commitlog.min_position):
+        queue = store.consume_queues.queue(record.topic, record.queue_id)
+        unit = [int(v) for v in queue.get(record.queue_offset).item()]
+        assert unit[:2] == [record.physical_offset, record.size]
+        seen[record.topic, record.queue_id] = record.queue_offset + 1
+        for key in record.keys:
+            if key != "common":  # (more hits than a query returns)
+                hits = store.query_by_key(record.topic, key, max_results=64)
+                assert [m.physical_offset for m in hits] == [record.physical_offset]
+    assert {name: store.max_offset(*name) for name in seen} == seen
+
+
+def _watch_writes(monkeypatch) -> list[int]:
+    """The physical offsets of every unit the open writes (put, put_batch, TailWriter)."""
+    written: list[int] = []
+    put, put_batch, write = ConsumeQueue.put, ConsumeQueue.put_batch, TailWriter.write
+
+    def watched_put(queue: ConsumeQueue, offset: int, physical: int, *rest: Any) -> None:
+        written.append(physical)
+        put(queue, offset, physical, *rest)
+
+    def watched_batch(queue: ConsumeQueue, first: int, physicals: Any, *rest: Any) -> None:
+        written.extend(np.asarray(physicals).tolist())
+        put_batch(queue, first, physicals, *rest)
+
+    def watched_write(tail: TailWriter, slots: Any, offsets: Any, physicals: Any, *rest: Any
+                      ) -> Any:  # fmt: skip
+        written.extend(np.asarray(physicals).tolist())
+        return write(tail, slots, offsets, physicals, *rest)
+
+    monkeypatch.setattr(ConsumeQueue, "put", watched_put)
+    monkeypatch.setattr(ConsumeQueue, "put_batch", watched_batch)
+    monkeypatch.setattr(TailWriter, "write", watched_write)
+    return written
+
+
+def test_a_crash_is_redispatched_during_the_scan(twin, tmp_path, monkeypatch):
+    """Lost units come back and kept keys are indexed again, all during the scan:
+    the dispatcher has nothing left, and the checkpoint's claim stands."""
+    path = str(tmp_path)
+    results = _crashed_store(path, 60, lose_units=True)
+    claim = CheckpointFile(path, read_only=True).load()
+    assert claim is not None
+    written = _watch_writes(monkeypatch)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert store.redispatched_at_open == 360  # (60 trailers)
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        assert store._dispatcher.position == store.commitlog.write_position
+        assert store._dispatcher.dispatched_ts_ms == results[-1][-1].store_timestamp_ms
+        # every lost unit once, and each trailer's (kept: "state" has own files, whose
+        # units a small group's re-dispatch confirms by ``put``)
+        assert sorted(written) == sorted(
+            [r.physical_offset for batch in results for r in batch]
+            + [batch[-1].physical_offset + batch[-1].size for batch in results]
+        )
+        _assert_agrees_with_log(store)
+    after = CheckpointFile(path, read_only=True).load()
+    assert after is not None and after.dispatched_position >= claim.dispatched_position
+
+
+def test_a_tear_mid_log_stops_the_dispatch_at_the_tear(twin, tmp_path, monkeypatch):
+    """A flipped bit in a record in the middle of the log (and of a scan run, and of
+    an append group): the log ends at its group's start, no unit is written for a
+    record at or past it, and nothing past it is left in a queue or the index."""
+    path = str(tmp_path)
+    results = _crashed_store(path, 60, lose_units=True)
+    torn = results[31][2]  # the third record of batch 31: its group starts two before
+    group_start = results[31][0].physical_offset
+    _flip(path, torn.physical_offset + 100)  # in the body: the header still parses
+    written = _watch_writes(monkeypatch)
+    with MessageStore.open(path, _config()) as store:
+        assert store.commitlog.write_position == group_start
+        # (the group's records before the tear were dispatched, then cut with it)
+        assert written and max(written) < torn.physical_offset
+        assert store.max_offset("t", 31 % QUEUES) == results[31][0].queue_offset
+        assert store.query_by_key("t", "k40-0", max_results=4) == []
+        assert store.query_by_key("t", "k31-0", max_results=4) == []
+        _assert_agrees_with_log(store)
+        again = store.put("t", 31 % QUEUES, b"again")
+        assert (again.physical_offset, again.queue_offset) == (
+            group_start,
+            results[31][0].queue_offset,
+        )
+
+
+def test_a_group_cut_short_at_the_tail_leaves_nothing(twin, tmp_path, monkeypatch):
+    """The last append group lost its trailer: its batch's records were verified
+    and handed to the re-dispatch during the scan, but the group is not part of the
+    log, so their units and index entries are cut with it."""
+    path = str(tmp_path)
+    results = _crashed_store(path, 20, lose_units=True)
+    last = results[-1]
+    trailer_at = last[-1].physical_offset + last[-1].size
+    name, in_file = _file_and_offset(path, trailer_at)
+    with open(name, "r+b") as handle:  # the group's last record: gone
+        handle.seek(in_file)
+        handle.write(b"\0" * 64)
+    written = _watch_writes(monkeypatch)
+    with MessageStore.open(path, _config()) as store:
+        assert store.commitlog.write_position == last[0].physical_offset
+        assert last[-1].physical_offset in written  # dispatched during the scan, then cut
+        assert store.max_offset("t", 19 % QUEUES) == last[0].queue_offset
+        assert store.query_by_key("t", "k19-0", max_results=4) == []
+        _assert_agrees_with_log(store)
+
+
+def test_a_failed_write_leaves_the_redispatch_to_the_dispatcher(twin, tmp_path, monkeypatch,
+                                                                caplog):  # fmt: skip
+    """A ConsumeQueue write that fails during the scan: the open goes on, the
+    dispatcher re-dispatches from the checkpoint (idempotent), and the store is whole."""
+    path = str(tmp_path)
+    _crashed_store(path, 60, lose_units=True)
+    original = ConsumeQueue.put_batch
+    calls = []
+
+    def failing_once(queue: ConsumeQueue, *args: Any) -> None:
+        calls.append(queue.queue_id)
+        if len(calls) == 1:
+            raise OSError("injected")
+        original(queue, *args)
+
+    monkeypatch.setattr(ConsumeQueue, "put_batch", failing_once)
+    with caplog.at_level(logging.WARNING), MessageStore.open(path, _config()) as store:
+        assert "starts over" in caplog.text
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 360
+        _assert_agrees_with_log(store)
+
+
+def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
+    """Units the page cache kept are confirmed, not written; a damaged one (its size
+    zeroed) is written again from there."""
+    path = str(tmp_path)
+    store = MessageStore.open(path, _config(**_FROZEN))
+    store.put_batch("t", 0, [b"pre"] * 3)
+    store.close()
+    store = MessageStore.open(path, _config(**_FROZEN))
+    for number in range(30):
+        store.put_batch("t", 0, [bytes([number]) * 90] * 10)
+    store.wait_for("t", 0, store.max_offset("t", 0), 1_000)
+    queue = store.consume_queues.queue("t", 0)
+    queue._files.units(200 // 64).sizes[200 % 64] = 0
+    store._crash()
+    written = _watch_writes(monkeypatch)
+    with MessageStore.open(path, _config()) as store:
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        units = store.consume_queues.queue("t", 0)
+        assert int(units.get(200).item()[1]) > 0
+        first_written = min(written)
+        assert first_written <= units.get(200).item()[0]  # repaired from the damage
+        assert len(written) < 303 - 150  # the units before it were confirmed
+        _assert_agrees_with_log(store)
+
+
+def test_a_scan_from_below_the_dispatched_position(twin, tmp_path):
+    """The checkpoint's flushed position lags its dispatched one (async flush): the
+    scan starts at the flushed position, the re-dispatch during it at the dispatched
+    one, mid-run, so the records between are folded but not dispatched again (their
+    keys keep one index entry each)."""
+    path = str(tmp_path)
+    _crashed_store(path, 30, lose_units=True)
+    checkpoints = CheckpointFile(path)
+    claim = checkpoints.load()
+    assert claim is not None and claim.dispatched_position > 0
+    checkpoints.store(attrs.evolve(claim, flushed_position=0))  # the log's first record
+    checkpoints.close()
+    with MessageStore.open(path, _config()) as store:
+        assert store.redispatched_at_open == 180  # not the preamble's 4
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        _assert_agrees_with_log(store)  # (one hit per key: no entry made twice)
