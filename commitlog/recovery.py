@@ -125,11 +125,13 @@ class ScanColumns:
 class RunHook(Protocol):
     """Takes the runs of a recovery scan (see the module): ``mapped``'s records from
     ``start`` to ``end`` in the file, ``count`` of them verified (``columns``'
-    first rows), and why the run ended (``SCAN_*``). Called in log order, in the
+    first rows), and why the run ended (``SCAN_*``); the first ``closed`` of them end
+    their append groups (the rest belong to a group still open at the run's end, which
+    a later record may close, or the recovered end cut). Called in log order, in the
     thread that called ``scan_log``; ``columns`` are reused once it returns."""
 
     def __call__(self, mapped: Any, columns: ScanColumns, start: int, count: int, end: int,
-                 status: int) -> None: ...  # fmt: skip
+                 status: int, closed: int) -> None: ...  # fmt: skip
 
 
 def scan_log(
@@ -210,7 +212,8 @@ def scan_log(
                 if closed < count:
                     fold_columns(mapped.mapping, count, columns, pending, first=closed)
                 if on_run is not None:
-                    on_run(mapped, columns, position - mapped.start_offset, count, end, status)
+                    on_run(mapped, columns, position - mapped.start_offset, count, end, status,
+                           closed)  # fmt: skip
                 position = mapped.start_offset + end
                 if status == SCAN_INVALID:
                     try:  # the reason, for the log

@@ -43,8 +43,8 @@ from typing import Any, Final, Protocol
 
 import numpy as np
 
-from mqstore.commitlog.header_scan import DISPATCH_PHYSICAL, DISPATCH_STORE_TS
-from mqstore.commitlog.record import BLANK_SIZE, SCAN_BLANK
+from mqstore.commitlog.header_scan import DISPATCH_PHYSICAL, DISPATCH_SIZE, DISPATCH_STORE_TS
+from mqstore.commitlog.record import BLANK_SIZE, SCAN_BLANK, SCAN_FULL
 from mqstore.commitlog.recovery import SCAN_ROWS, ScanColumns
 from mqstore.consumequeue.tail_writer import TailWriter
 from mqstore.dispatch.log_scan import Keyed, LogScan, QueueFinder, TakenRuns
@@ -108,6 +108,11 @@ class ScanDispatch:
             None, queue, tail, uses_create_time, tag_hash
         ).take_runs(SCAN_ROWS)
         self._started = False  # the scan has passed from_position
+        self._scanned_to = from_position  # where the last run handed in ended
+        # The rows of an append group still open at the last run's end (copied), and
+        # their file: taken with the run that closes the group.
+        self._held: np.ndarray | None = None
+        self._held_mapped: Any = None
         self._keyed: Keyed = []
 
     @property
@@ -116,8 +121,15 @@ class ScanDispatch:
         return self._runs is not None
 
     def __call__(self, mapped: Any, columns: ScanColumns, start: int, count: int, end: int,
-                 status: int) -> None:  # fmt: skip
-        """One run of the recovery scan (``RunHook``)."""
+                 status: int, closed: int) -> None:  # fmt: skip
+        """One run of the recovery scan (``RunHook``).
+
+        Only records whose append group is closed are taken. The rows of a group still
+        open at a run's end are held (copied: the columns are reused) and taken with
+        the run that closes it (groups never span files); a group the scan leaves open
+        (the recovered end cuts it) is never taken. So no unit ever points into a
+        group the recovered end may cut, not even for the moment a read-only follower
+        could see it (review of the merge)."""
         if self._runs is None:
             return
         file_start = mapped.start_offset
@@ -128,15 +140,24 @@ class ScanDispatch:
         first = self._first_row(run_start, records_end, physical, count)
         if first is None:
             return
+        self._scanned_to = file_start + end
         parsed = _parsable(mapped, columns, count)
         if parsed < first:  # (before from_position: never the dispatcher's to see)
             self._stop_taking("the dispatcher's parse refuses a record before it")
             return
-        if parsed > first:
-            rows = columns.dispatch[:, first:parsed]
+        taken = min(parsed, closed)  # rows [first, taken) close their groups
+        held = self._held
+        if held is not None and mapped is not self._held_mapped:
+            self._stop_taking("an append group held open crosses a file")
+            return
+        rows = columns.dispatch[:, first:taken]
+        if held is not None and taken > first:  # the held group closes in this run
+            rows = np.concatenate((held, rows), axis=1)
+            self._held = held = None
+        if rows.shape[1] and held is None:
             assert int(rows[DISPATCH_PHYSICAL, 0]) == self.position, (rows[:, 0], self.position)
             try:
-                whole = first == 0 and parsed == count  # else: stretches found anew
+                whole = first == 0 and taken == count and rows.shape[1] == count
                 self._runs.take(mapped, rows, columns.stretches if whole else None, self._keyed)
                 if len(self._keyed) >= KEYED_MAX:
                     self._put_keyed()
@@ -146,10 +167,20 @@ class ScanDispatch:
                 self._abandon(error)
                 return
             self.store_ts_ms = int(rows[DISPATCH_STORE_TS, -1])
-            self.records += parsed - first
+            self.records += rows.shape[1]
+            self.position = int(rows[DISPATCH_PHYSICAL, -1]) + int(rows[DISPATCH_SIZE, -1])
         if parsed < count:  # the dispatcher's parse refuses a verified record: stop there
-            self.position = int(physical[parsed])
             self._stop_taking("the dispatcher's parse refuses a verified record")
+            return
+        if taken < parsed:  # a group still open at the run's end: hold it
+            if status != SCAN_FULL:  # the log (or the file) ends with it open: cut
+                self._stop_taking("an append group is open where the scan ends")
+                return
+            more = columns.dispatch[:, max(taken, first) : parsed].copy()
+            self._held = more if held is None else np.concatenate((held, more), axis=1)
+            self._held_mapped = mapped
+            return
+        if held is not None:  # (no row of this run: the held group is still open)
             return
         self.position = records_end
         if status == SCAN_BLANK:  # the next run starts the next file
@@ -163,8 +194,8 @@ class ScanDispatch:
         """The run's first row to take, or None to take none of it (it ends before
         ``from_position``, or taking stopped)."""
         if self._started:
-            if run_start != self.position:  # runs are contiguous: never, but never guess
-                self._stop_taking(f"a run starts at {run_start}, not at {self.position}")
+            if run_start != self._scanned_to:  # runs are contiguous: never, but never guess
+                self._stop_taking(f"a run starts at {run_start}, not at {self._scanned_to}")
                 return None
             return 0
         target = self.from_position
@@ -193,6 +224,7 @@ class ScanDispatch:
             self._stop_runs()
 
     def _stop_runs(self) -> None:
+        self._held = self._held_mapped = None  # an open group: the dispatcher's to take
         runs, self._runs = self._runs, None
         if runs is not None:
             self._finish_runs(runs)
@@ -213,6 +245,7 @@ class ScanDispatch:
                     "starts over at %d: %r", self.position, self.from_position, error)  # fmt: skip
         self._runs = None
         self._keyed = []
+        self._held = self._held_mapped = None
         self.position, self.store_ts_ms, self.records = self.from_position, 0, 0
         self._index.truncate_beyond(self.from_position)
 

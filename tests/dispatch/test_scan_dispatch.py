@@ -190,9 +190,12 @@ def test_a_tear_mid_log_stops_the_dispatch_at_the_tear(twin, tmp_path, monkeypat
 
 
 def test_a_group_cut_short_at_the_tail_leaves_nothing(twin, tmp_path, monkeypatch):
-    """The last append group lost its trailer: its batch's records were verified
-    and handed to the re-dispatch during the scan, but the group is not part of the
-    log, so their units and index entries are cut with it."""
+    """The last append group lost its trailer: its batch's records were verified and
+    handed to the re-dispatch during the scan, but the group is not part of the log.
+    No unit is ever written for them, not even for the moment between the scan and
+    the cut at the recovered end: a read-only follower open then saw queue offsets
+    that never existed (review of the merge). Groups that straddle runs (batches of 6
+    in runs of 16) are held and taken whole (every other test here checks that)."""
     path = str(tmp_path)
     results = _crashed_store(path, 20, lose_units=True)
     last = results[-1]
@@ -204,7 +207,7 @@ def test_a_group_cut_short_at_the_tail_leaves_nothing(twin, tmp_path, monkeypatc
     written = _watch_writes(monkeypatch)
     with MessageStore.open(path, _config()) as store:
         assert store.commitlog.write_position == last[0].physical_offset
-        assert last[-1].physical_offset in written  # dispatched during the scan, then cut
+        assert not {r.physical_offset for r in last} & set(written)  # never written
         assert store.max_offset("t", 19 % QUEUES) == last[0].queue_offset
         assert store.query_by_key("t", "k19-0", max_results=4) == []
         _assert_agrees_with_log(store)
