@@ -526,7 +526,9 @@ def test_fuzz_populate_read(data: st.DataObject) -> None:
         py_out = _call(recovery.populate_read_py, buffer, start, length, errors=PY_ERRORS)
         assert c_out[0] == py_out[0], (c_out, py_out)
         if c_out[0] == "ok" and not mapped:
-            assert c_out[1] is False and py_out[1] is False
+            # A hint: the twin maps only an mmap; C tries any page-aligned buffer, and a
+            # bytes object's data is page-aligned now and then (the CI saw True once).
+            assert py_out[1] is False
     finally:
         if mapped:
             buffer.close()
