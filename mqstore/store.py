@@ -110,8 +110,11 @@ class MessageStore(
 ):
     """An embedded, persistent message store. Build with ``MessageStore.open``.
 
-    Its read path (``get``, ``get_batch``) lives in mqstore.reader; it is also an
-    engine for the Kafka-style adapter (see ``CommitLogEngine``)."""
+    Its parts live in mixins: writes in mqstore.store_write, reads (``get``,
+    ``get_batch``) in mqstore.reader, the open's recovery of ConsumeQueues and the
+    index in mqstore.store_recovery, retention in mqstore.store_retention, a
+    follower's side in mqstore.store_replica; it is also an engine for the
+    Kafka-style adapter (see ``CommitLogEngine``)."""
 
     def __init__(self, root: str, config: StoreConfig, read_only: bool) -> None:
         self.root = root
