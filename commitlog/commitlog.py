@@ -22,6 +22,11 @@ record that does not verify. That is the end of the log: the rest of its file is
 zeroed and every later file removed, so a torn or stale record can never be read
 back. The scan is bounded by the checkpoint, so restart time does not grow with the
 log (commitlog/recovery.py).
+
+This module holds open, close, recovery, the per-message append, flushing and
+retention; three mixins hold the rest: the batch appends (commitlog/log_batch.py),
+the reads (commitlog/log_read.py) and a follower's appends and cuts
+(commitlog/log_replica.py).
 """
 
 from __future__ import annotations
@@ -30,10 +35,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import attrs
 import numpy as np
 
 from mqstore.commitlog.allocator import AllocationService
@@ -48,12 +52,8 @@ from mqstore.commitlog.appender import (
 )
 from mqstore.commitlog.batch import (
     BATCH_MESSAGES_MAX,
-    PreparedBatch,
-    Trailer,
     check_queue_id,
     check_timestamp,
-    prepare_batch,
-    prepare_slices,
 )
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.durable import fsync_directory, makedirs_durable
@@ -61,25 +61,22 @@ from mqstore.commitlog.errors import (
     CorruptDataError,
     DiskFullError,
     FlushFailedError,
-    FlushTimeoutError,
-    IllegalStateError,
     InvalidTypeError,
     LimitExceededError,
     NotLeaderError,
-    OffsetOutOfRangeError,
     ReadOnlyStoreError,
-    ReplicaPositionError,
     StoreClosedError,
 )
 from mqstore.commitlog.file_queue import MappedFileQueue
 from mqstore.commitlog.flush import AsyncFlushService, GroupCommitService
+from mqstore.commitlog.log_batch import BatchAppendResult, BatchLog
+from mqstore.commitlog.log_read import ReadLog
+from mqstore.commitlog.log_replica import ReplicaLog
 from mqstore.commitlog.mapped_file import MappedFile
 from mqstore.commitlog.record import (
     BLANK_SIZE,
     FLAG_NULL_BODY,
     HEADER_SIZE,
-    Record,
-    decode,
     encode_blank_into,
     encode_into,
     encode_keys,
@@ -88,7 +85,6 @@ from mqstore.commitlog.record import (
     validate_topic,
 )
 from mqstore.commitlog.recovery import RunHook, scan_log
-from mqstore.commitlog.replica import plan_replica_chunk
 
 __all__ = [
     "BATCH_MESSAGES_MAX",
@@ -106,24 +102,10 @@ _NOT_ARMED = 1 << 62  # a prepare-next threshold no write position reaches
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-@attrs.frozen
-class BatchAppendResult:
-    """Where a batch landed: record i is at ``physical_offsets[i]`` with queue offset
-    ``first_queue_offset + i``."""
-
-    physical_offsets: np.ndarray
-    sizes: np.ndarray
-    first_queue_offset: int
-    store_timestamp_ms: int
-
-    def __len__(self) -> int:
-        return len(self.physical_offsets)
-
-
 _time_ns = time.time_ns
 
 
-class CommitLog:
+class CommitLog(ReadLog, BatchLog, ReplicaLog):
     """Append, read, flush and recover the log in ``directory``. Build with ``open``."""
 
     def __init__(
@@ -429,196 +411,6 @@ class CommitLog:
             self._appender.feed_overflow = False
         return start, entries, stop
 
-    def set_follower(self, follower: bool) -> None:
-        """Make the log a follower's (local appends raise NotLeaderError and only
-        ``append_replica`` writes) or, with False, a leader's again."""
-        with self._lock:
-            self._follower = follower
-            self._update_accepting()
-
-    @property
-    def is_follower(self) -> bool:
-        return self._follower
-
-    def append_replica(self, position: int, data: bytes | bytearray | memoryview) -> int:
-        """Append bytes copied from the leader's log at physical ``position``.
-
-        ``data`` must be whole records (blank records included) that start at this
-        log's write position; commitlog/replica.py verifies every one before a byte
-        is written. The new end is published as a local append publishes it: the
-        dispatcher is woken (async mode) or the bytes are made durable first (sync
-        mode), so ConsumeQueues, the index and the checkpoint follow as for puts.
-
-        Returns:
-            The new write position.
-
-        Raises:
-            ReplicaPositionError: ``position`` is not the write position.
-            CorruptDataError: ``data`` is not whole, valid records (nothing written).
-            StoreClosedError, ReadOnlyStoreError, FlushFailedError, DiskFullError:
-                as for a local append.
-            FlushTimeoutError: sync mode, and the bytes were not durable in time.
-        """
-        if type(position) is not int or position < 0:
-            raise InvalidTypeError(f"position must be an int >= 0, not {position!r}")
-        if not isinstance(data, _BYTES_LIKE):
-            raise InvalidTypeError(f"data must be bytes-like, not {type(data).__name__}")
-        if position != self._appender.write_position:  # before any work; again under the lock
-            raise ReplicaPositionError(position, self._appender.write_position)
-        plan = plan_replica_chunk(data, position, self.config.file_size_bytes)
-        view = memoryview(data).cast("B")
-        end = position + view.nbytes
-        appender = self._appender
-        with self._lock:
-            self._check_replica_writable()
-            if position != appender.write_position:
-                raise ReplicaPositionError(position, appender.write_position)
-            for physical, start, stop in plan.pieces:
-                current = self._current
-                assert current is not None
-                if physical == current.start_offset + current.size_bytes:
-                    current = self._take_file(physical)  # the leader rolled here
-                    self._set_current(current)
-                    self._arm_prepare_next()
-                in_file = physical - current.start_offset
-                assert 0 <= in_file <= current.size_bytes - (stop - start)
-                current.mapping[in_file : in_file + stop - start] = view[start:stop]
-            for key, next_offset in plan.queue_offsets.items():
-                if next_offset > self._queue_offsets.get(key, 0):
-                    self._queue_offsets[key] = next_offset
-            appender.write_position = end
-            if plan.ends_open:
-                if plan.group_end is not None:
-                    self._open_group_from = plan.group_end
-                elif self._open_group_from is None:
-                    self._open_group_from = position
-            elif plan.group_end is not None:
-                self._open_group_from = None
-            appender.last_store_ts_ms = max(appender.last_store_ts_ms, plan.newest_store_ts_ms)
-            if end >= appender.prepare_next_at:
-                self._prepare_next()
-            if appender.feed is not None:
-                appender.feed_overflow = True  # the dispatcher reads these from the log
-        listener = appender.listener
-        if listener is not None:
-            listener()
-        group_commit = self._group_commit
-        if group_commit is not None:
-            self._wait_durable(group_commit, end)
-        return end
-
-    @property
-    def open_group_start(self) -> int | None:
-        """Where the append group left open at this log's end starts (None: the log
-        ends where a group ends). Only a follower's log can end so, and only until
-        the leader's next chunk: its leader cuts chunks at group ends, but a group
-        that spans two files comes in two chunks. A follower promoted then truncates
-        the open group (``MessageStore.truncate_replica``), as recovery would."""
-        return self._open_group_from
-
-    def truncate_replica(self, position: int, derived_end: int) -> int:
-        """Cut a follower's log at ``position`` (a record boundary: the divergence
-        point its leader named), durably: later files (the allocation service's spare
-        included) are deleted, newest first, and the directory synced; then the rest
-        of the file that holds ``position`` is zeroed and synced. A crash in between
-        leaves a prefix of the old log, which the next divergence check cuts again.
-
-        The queue-offset table is rebuilt as at open: the records from
-        ``derived_end`` (below it, every record is in the ConsumeQueues, which the
-        caller truncates at ``position`` next) to ``position`` are scanned, and the
-        other queues reload from their ConsumeQueues on their next append
-        (apache/rocketmq#7689: offsets reused after a truncation lost messages).
-
-        Returns:
-            The bytes cut off.
-
-        Raises:
-            IllegalStateError: the log is not a follower's.
-            OffsetOutOfRangeError: ``position`` is past the end or before the first file.
-        """
-        with self._flush_lock, self._lock:
-            self._check_replica_writable()
-            appender = self._appender
-            end = appender.write_position
-            if not self.min_position <= position <= end:
-                raise OffsetOutOfRangeError(
-                    f"cannot truncate to {position}: the log holds [{self.min_position}, {end})"
-                )
-            if position == end:
-                return 0
-            if self._open_group_from is not None and self._open_group_from >= position:
-                self._open_group_from = None
-            self._discard_parked(position + 1)  # the newest files first
-            self._truncate_after(position)
-            if self._current is not None:
-                self._syncer(self._current)
-            else:  # cut at a file boundary past the last file: take it on the next append
-                self._set_current(self._take_file(position))
-            appender.write_position = position
-            if self._flushed_position > position:
-                self._flushed_position = position
-                self._flushed_mark = (position, self._flushed_mark[1])
-            self._queue_offsets.clear()
-            self._seeded_topics.clear()
-            self._seeds.clear()
-            rescan_from = max(min(derived_end, position), self.min_position)
-            scan_log(self._files, rescan_from, self._queue_offsets, appender.last_store_ts_ms)
-            if appender.feed is not None:
-                appender.feed = []
-                self._feed_start = position
-            self._arm_prepare_next()
-        return end - position
-
-    def restart_replica_at(self, position: int) -> None:
-        """Empty a follower's log and start it again at ``position`` (a file start:
-        its leader's first file, when retention removed what this log would copy
-        next; Kafka's truncateFullyAndStartAt). Every file is deleted, newest first,
-        the directory synced, then an empty file is taken at ``position``. A crash in
-        between leaves a prefix of the old log, or none (the caller lowered the
-        checkpoint to 0 first), and the next fetch restarts it again.
-
-        Raises:
-            IllegalStateError: the log is not a follower's, or ``position`` is not
-                past its end or not a file start.
-        """
-        size = self.config.file_size_bytes
-        with self._flush_lock, self._lock:
-            self._check_replica_writable()
-            appender = self._appender
-            if position <= appender.write_position or position % size:
-                raise IllegalStateError(
-                    f"cannot restart a log ending at {appender.write_position} at {position}"
-                )
-            self._discard_parked(0)
-            self._files.remove_after(-1)
-            self._open_group_from = None
-            self._set_current(self._take_file(position))
-            appender.write_position = position
-            self._flushed_position = position
-            self._flushed_mark = (position, self._flushed_mark[1])
-            self._queue_offsets.clear()
-            self._seeded_topics.clear()
-            self._seeds.clear()
-            if appender.feed is not None:
-                appender.feed = []
-                self._feed_start = position
-            self._arm_prepare_next()
-
-    def _discard_parked(self, start_offset: int) -> None:
-        """Remove the files the allocation service parked (or builds) at or past
-        ``start_offset`` before a cut: a spare left past the cut would follow a gap."""
-        if self._allocator is not None:
-            self._allocator.discard_from(start_offset)
-
-    def _check_replica_writable(self) -> None:
-        """append_replica's _check_writable: the same errors, and a leader refuses."""
-        if self._failure is not None or self._sealed or self.read_only:
-            self._check_writable()
-        if not self._follower:
-            raise IllegalStateError("append_replica on a leader's log (set_follower first)")
-        if self._reject_reason is not None:
-            raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
-
     def reject_writes(self, reason: str | None) -> None:
         """Refuse appends with DiskFullError while ``reason`` is set (disk watermark)."""
         self._reject_reason = reason
@@ -752,118 +544,6 @@ class CommitLog:
             listener()
         return AppendResult(position, queue_offset, store_ts_ms, size)
 
-    def append_batch(
-        self,
-        topic: str,
-        queue_id: int,
-        bodies: Sequence[bytes | bytearray | memoryview | None],
-        *,
-        keys: Sequence[Sequence[str] | str | None] | None = None,
-        tags: Sequence[str | None] | str | None = None,
-        properties: Sequence[Any] | None = None,
-        born_ts_ms: Sequence[int | None] | int | None = None,
-        trailer: Trailer | None = None,
-    ) -> BatchAppendResult:
-        """Append many records to one queue under one lock acquisition and one flush.
-
-        ``keys``, ``properties`` and a sequence of ``tags`` or ``born_ts_ms`` give one
-        item per body; a single ``tags`` str or ``born_ts_ms`` int applies to all. A
-        None born timestamp means the store timestamp.
-        A crash mid-batch keeps a prefix of the batch (never a torn record); with a
-        ``trailer`` (batch.py), the batch and its trailer are one append group: a
-        crash keeps both or neither (record.py's FLAG_GROUP_OPEN).
-
-        Raises:
-            The errors of ``append``; nothing is appended if any record is invalid.
-        """
-        batch = prepare_batch(
-            topic, queue_id, bodies, keys, tags, properties, born_ts_ms,
-            self._record_size_limit_bytes, group_open=trailer is not None,
-        )  # fmt: skip
-        return self._append_encoded(topic, queue_id, batch, trailer)
-
-    def append_slices(
-        self,
-        topic: str,
-        queue_id: int,
-        offsets: np.ndarray,
-        data: Any,
-        *,
-        nulls: np.ndarray | None = None,
-        tag: str | None = None,
-        born_ts_ms: np.ndarray | int | None = None,
-        trailer: Trailer | None = None,
-    ) -> BatchAppendResult:
-        """``append_batch`` for bodies laid out as Arrow binary columns are: body i is
-        ``data[offsets[i]:offsets[i + 1]]``, None where ``nulls[i]``; no keys or
-        properties; one tag; a born timestamp for all, or one per record (int64).
-        Nothing is built per record in Python (C encodes when built).
-
-        Raises:
-            The errors of ``append_batch``; InvalidArgumentError for offsets that are
-            not non-decreasing within ``data``, or arrays of the wrong length.
-        """
-        batch = prepare_slices(
-            topic, queue_id, offsets, data, nulls, tag, born_ts_ms,
-            self._record_size_limit_bytes, group_open=trailer is not None,
-        )  # fmt: skip
-        return self._append_encoded(topic, queue_id, batch, trailer)
-
-    def _append_encoded(
-        self, topic: str, queue_id: int, batch: PreparedBatch, trailer: Trailer | None = None
-    ) -> BatchAppendResult:
-        """Write a validated batch (and its trailer) under one hold of the lock.
-
-        A group (batch + trailer) that does not fit the rest of the current file but
-        fits an empty one starts in the next file, so a group rarely spans files.
-        A crash keeps a prefix of the batch; with a trailer, recovery drops a group
-        cut short."""
-        appender = self._appender
-        with self._lock:
-            self._check_writable()
-            first_queue_offset = self._queue_offset(topic, queue_id)
-            store_ts_ms = max(self.now_ms(), appender.last_store_ts_ms)
-            closing = None
-            if trailer is not None:  # before any byte is written: it may raise
-                closing = trailer.prepare(first_queue_offset, self._record_size_limit_bytes)
-                self._start_group(int(batch.sizes.sum()) + int(closing.sizes.sum()))
-            positions = self._write_locked(topic, queue_id, batch, first_queue_offset, store_ts_ms)
-            if closing is not None:
-                assert trailer is not None
-                closing_first = self._queue_offset(trailer.topic, trailer.queue_id)
-                closing_positions = self._write_locked(
-                    trailer.topic, trailer.queue_id, closing, closing_first, store_ts_ms
-                )
-            appender.last_store_ts_ms = store_ts_ms
-            position = appender.write_position
-            feed = appender.feed
-            if feed is not None and not appender.feed_overflow:
-                if len(feed) + 2 <= FEED_ENTRIES_MAX:
-                    feed.append(
-                        BatchFeed(positions, batch.sizes, topic, queue_id, first_queue_offset,
-                                  store_ts_ms, batch.encoded, batch.tag, batch.born_ts_ms)
-                    )  # fmt: skip
-                    if closing is not None:
-                        assert trailer is not None
-                        feed.append(
-                            BatchFeed(closing_positions, closing.sizes, trailer.topic,
-                                      trailer.queue_id, closing_first, store_ts_ms,
-                                      closing.encoded, closing.tag, closing.born_ts_ms)
-                        )  # fmt: skip
-                else:
-                    appender.feed_overflow = True
-        listener = appender.listener
-        if listener is not None:
-            listener()
-        group_commit = self._group_commit
-        if group_commit is not None:
-            try:
-                self._wait_durable(group_commit, position)
-            except FlushTimeoutError as error:
-                error.first_queue_offset = first_queue_offset  # appended all the same
-                raise
-        return BatchAppendResult(positions, batch.sizes, first_queue_offset, store_ts_ms)
-
     def count_queues_from(self, position: int) -> None:
         """Fold the queue offsets of the records from record boundary ``position`` to
         the end into the queue-offset table, as recovery folds those past the
@@ -887,59 +567,6 @@ class CommitLog:
         if queue_offset is None:
             queue_offset = self._load_queue_offset(topic, queue_id)
         return queue_offset
-
-    def _start_group(self, size: int) -> None:
-        """Under the lock: roll to the next file when a group of ``size`` bytes does not
-        fit the rest of this one but fits an empty file."""
-        current = self._current
-        assert current is not None
-        in_file = self._appender.write_position - current.start_offset
-        if in_file and in_file + size + BLANK_SIZE > current.size_bytes >= size + BLANK_SIZE:
-            self._roll(in_file)
-
-    def _write_locked(
-        self, topic: str, queue_id: int, batch: PreparedBatch, first_queue_offset: int,
-        store_ts_ms: int,
-    ) -> np.ndarray:  # fmt: skip
-        """Under the lock: ``batch.encode`` writes what fits the current file from record
-        ``done`` on and returns where it stopped; files roll between calls. Moves the
-        write position and the queue's offset; returns the records' positions."""
-        sizes, encode = batch.sizes, batch.encode
-        count = len(sizes)
-        key = (topic, queue_id)
-        positions = np.empty(count, dtype=np.int64)
-        position = self._appender.write_position
-        current = self._current
-        assert current is not None
-        mapping = current.mapping
-        in_file = position - current.start_offset
-        file_size = current.size_bytes
-        done = 0
-        while True:
-            # Encode what fits this file in one call (C when built), then roll.
-            stop = encode(mapping, in_file, file_size, position,
-                          first_queue_offset + done, store_ts_ms, done, positions)  # fmt: skip
-            if stop > done:
-                written = int(positions[stop - 1]) + int(sizes[stop - 1]) - position
-                position += written
-                in_file += written
-                done = stop
-            if position >= self._appender.prepare_next_at:
-                self._prepare_next()
-            if done == count:
-                break
-            if stop == done and in_file == 0:  # config keeps records below a file
-                raise LimitExceededError(f"record {done} does not fit an empty file")
-            self._appender.write_position = position  # the records before the roll are in
-            self._queue_offsets[key] = first_queue_offset + done
-            current = self._roll(in_file)
-            mapping = current.mapping
-            file_size = current.size_bytes
-            position = current.start_offset
-            in_file = 0
-        self._queue_offsets[key] = first_queue_offset + count
-        self._appender.write_position = position
-        return positions
 
     def _wait_durable(self, group_commit: GroupCommitService, end: int) -> None:
         """Sync mode: wait until ``end`` is durable."""
@@ -1085,95 +712,6 @@ class CommitLog:
     def files(self) -> list[MappedFile]:
         return list(self._files.files)
 
-    def read(self, position: int, size: int) -> memoryview:
-        """A zero-copy view of ``size`` bytes at physical ``position``.
-
-        Raises:
-            OffsetOutOfRangeError: the range is not wholly inside one file of the log
-                and before the write position.
-        """
-        if position < 0 or size < 0:
-            raise OffsetOutOfRangeError(f"negative position {position} or size {size}")
-        mapped = self._find(position)
-        in_file = position - mapped.start_offset
-        end = position + size
-        if in_file + size > mapped.size_bytes or (
-            not self.read_only and end > self._appender.write_position
-        ):
-            raise OffsetOutOfRangeError(
-                f"[{position}, {end}) is past the end of the log or crosses a file boundary"
-            )
-        try:
-            return memoryview(mapped.mapping)[in_file : in_file + size]
-        except ValueError:
-            if not mapped.mapping.closed:
-                raise
-            raise _file_gone(mapped, position) from None
-
-    def record_at(self, position: int) -> Record:
-        """Decode and verify the message record at ``position``.
-
-        Raises:
-            OffsetOutOfRangeError: no record can start there.
-            CorruptDataError: the bytes there are not a valid message record.
-        """
-        mapped = self._find(position)
-        in_file = position - mapped.start_offset
-        limit = mapped.size_bytes
-        if not self.read_only:
-            limit = min(limit, self._appender.write_position - mapped.start_offset)
-        try:
-            record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
-        except ValueError:
-            if not mapped.mapping.closed:
-                raise
-            raise _file_gone(mapped, position) from None
-        if record is None:
-            raise CorruptDataError(mapped.path, in_file, "expected a message, found a blank record")
-        return record
-
-    def iter_records(self, start: int, end: int | None = None) -> Iterator[Record]:
-        """Verified records from record boundary ``start`` up to ``end`` (default: the
-        write position), across files; blank records are skipped.
-
-        Raises:
-            CorruptDataError: a record before ``end`` does not verify.
-        """
-        stop = self._appender.write_position if end is None else end
-        position = start
-        while position < stop:
-            mapped = self._find(position)
-            in_file = position - mapped.start_offset
-            limit = min(mapped.size_bytes, stop - mapped.start_offset)
-            record = decode(mapped.mapping, in_file, limit, mapped.path, mapped.start_offset)
-            if record is None:
-                position = mapped.start_offset + mapped.size_bytes
-                continue
-            position += record.size
-            yield record
-
-    def refresh_files(self) -> None:
-        """Read-only logs: map files a writer added, forget files retention removed."""
-        if self.read_only:
-            self._files.refresh()
-
-    def file_for(self, position: int) -> MappedFile:
-        """The mapped file holding physical ``position`` (O(1)).
-
-        Raises:
-            OffsetOutOfRangeError: no file of the log holds it.
-        """
-        return self._find(position)
-
-    def _find(self, position: int) -> MappedFile:
-        try:
-            return self._files.find(position)
-        except OffsetOutOfRangeError:
-            if not self.read_only:
-                raise
-        self._files.refresh()
-        return self._files.find(position)
-
     # ------------------------------------------------------------------ flush
 
     def flush_to(self, position: int) -> None:
@@ -1252,10 +790,3 @@ class CommitLog:
         """The next queue offset of every queue seen since open (a copy)."""
         with self._lock:
             return dict(self._queue_offsets)
-
-
-def _file_gone(mapped: MappedFile, position: int) -> OffsetOutOfRangeError:
-    """A file unmapped between finding and reading it: retention deleted it."""
-    return OffsetOutOfRangeError(
-        f"physical offset {position} was in {mapped.path}, deleted by retention during the read"
-    )

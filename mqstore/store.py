@@ -38,7 +38,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from types import TracebackType
 from typing import Any
 
@@ -66,7 +65,7 @@ from mqstore.commitlog.lock import (
     power_loss_possible,
     read_abort,
 )
-from mqstore.commitlog.record import tag_hash, validate_topic
+from mqstore.commitlog.record import validate_topic
 from mqstore.commitlog_engine import CommitLogEngine
 from mqstore.compaction import (
     COMPACTION_DIR,
@@ -77,22 +76,20 @@ from mqstore.compaction import (
 from mqstore.config import StoreConfig
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
 from mqstore.consumequeue.queue_time import TimeProbe
-from mqstore.consumequeue.tail_writer import TailWriter
 from mqstore.dispatch.dispatcher import Dispatcher
 from mqstore.dispatch.notify import Follower, Notifier
-from mqstore.dispatch.scan_dispatch import ScanDispatch
 from mqstore.inbox import INBOX_DIR, Inbox
 from mqstore.indexfile import IndexConfig, IndexService
-from mqstore.indexfile.format import key_hash
 from mqstore.layout import resolve_config
 from mqstore.message import Message, PutResult
 from mqstore.reader import StoreReader
 from mqstore.reader import check_count as _check_count
 from mqstore.reader import check_offset as _check_offset
-from mqstore.replication.epochs import EPOCH_FILE
 from mqstore.room import check_room_for_first_files
 from mqstore.services import Scheduler
+from mqstore.store_recovery import StoreRecovery
 from mqstore.store_replica import ReplicaStore
+from mqstore.store_retention import StoreRetention
 from mqstore.store_write import StoreWriter, check_queue_id
 from mqstore.topics import TopicRegistry
 
@@ -106,17 +103,18 @@ READ_ONLY_POLL_S = 0.001
 # or an older version that reopened the store) is noticed within this.
 FOLLOW_SLICE_S = 0.05
 READ_ONLY_RELOADS_MAX = 3  # a reader retries this often when the writer removed files
-# Log bytes one re-dispatch round at open takes: bounds the index entries a round
-# collects (a keyed 100-byte message each: ~2.5M entries), at ~4 rounds per GiB.
-REDISPATCH_ROUND_BYTES_MAX = 256 << 20
-TAG_HASHES_CACHED = 4096  # distinct tags whose hashes the re-dispatch at open remembers
 
 
-class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
+class MessageStore(
+    StoreWriter, CommitLogEngine, StoreReader, ReplicaStore, StoreRecovery, StoreRetention
+):
     """An embedded, persistent message store. Build with ``MessageStore.open``.
 
-    Its read path (``get``, ``get_batch``) lives in mqstore.reader; it is also an
-    engine for the Kafka-style adapter (see ``CommitLogEngine``)."""
+    Its parts live in mixins: writes in mqstore.store_write, reads (``get``,
+    ``get_batch``) in mqstore.reader, the open's recovery of ConsumeQueues and the
+    index in mqstore.store_recovery, retention in mqstore.store_retention, a
+    follower's side in mqstore.store_replica; it is also an engine for the
+    Kafka-style adapter (see ``CommitLogEngine``)."""
 
     def __init__(self, root: str, config: StoreConfig, read_only: bool) -> None:
         self.root = root
@@ -313,133 +311,6 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         if isinstance(self._compaction, CompactionLogs):
             self._compaction.copy_all()
 
-    def _scan_dispatch(self, checkpoint: Checkpoint | None) -> ScanDispatch | None:
-        """The re-dispatch during the recovery scan (dispatch/scan_dispatch.py), for a
-        writer reopening after a crash whose re-dispatch starts at the checkpoint's
-        dispatched position with nothing held back, in async flush mode (a clean
-        reopen scans nothing: no threads or columns for it); the index is cut back to
-        there first."""
-        if (
-            self.read_only or checkpoint is None or not self.recovered_from_crash
-            or self._rebuild_derived
-            or self.power_loss_possible or self.config.flush_mode == "sync"
-            or self._open_replicated or self.index.dropped_files
-            or os.path.exists(os.path.join(self.root, EPOCH_FILE))
-        ):  # fmt: skip
-            return None
-        self.index.truncate_beyond(checkpoint.dispatched_position)
-        return ScanDispatch(
-            checkpoint.dispatched_position, self.consume_queues.queue,
-            TailWriter(self.consume_queues), self.index, self._uses_create_time,
-            lru_cache(maxsize=TAG_HASHES_CACHED)(tag_hash),
-        )  # fmt: skip
-
-    def _recover_derived(self, checkpoint: Checkpoint | None,
-                         scan_dispatch: ScanDispatch | None) -> None:  # fmt: skip
-        """Make ConsumeQueues and the index agree with the recovered CommitLog (after
-        what ``scan_dispatch`` did during the scan, if any)."""
-        commitlog = self.commitlog
-        end = commitlog.write_position
-        if scan_dispatch is not None:  # before the cuts below (an append group cut short)
-            scan_dispatch.finish()
-        rebuild_from: int | None = None
-        if self.power_loss_possible and checkpoint is not None:
-            # A power cut may have torn what was written after the checkpoint's claim.
-            dropped, rebuild_from = self.consume_queues.recover_tails(
-                checkpoint.dispatched_position, commitlog.min_position, self._unit_is_intact
-            )
-            if dropped:
-                log.warning("dropped %d ConsumeQueue units past the checkpoint", dropped)
-            self.index.recover_tail(
-                checkpoint.dispatched_position, commitlog.min_position, self._entry_is_intact
-            )
-        self.consume_queues.truncate_beyond(end)
-        # Index pages written after the last checkpoint may be lost with power: cut
-        # back to what the checkpoint vouches for; re-dispatch puts the rest back.
-        # (Cut back already when re-dispatched during the scan: entries past it are new.)
-        index_end = end
-        if checkpoint is not None and scan_dispatch is None:
-            index_end = min(end, checkpoint.dispatched_position)
-        self.index.truncate_beyond(index_end)
-        if commitlog.min_position > 0:
-            self.consume_queues.correct_min_offsets(commitlog.min_position)
-        start = commitlog.min_position
-        if checkpoint is not None and not self._rebuild_derived:
-            start = checkpoint.dispatched_position
-        elif checkpoint is not None:
-            log.warning("ConsumeQueue or index files are missing: rebuilding from the CommitLog")
-        start = min(max(start, commitlog.min_position), end)
-        if self.index.dropped_files:  # its entries come back from the older files' end on
-            start = min(start, max(self.index.last_physical_offset, commitlog.min_position))
-        if rebuild_from is not None:  # whole ConsumeQueue files were dropped: put them back
-            start = min(start, max(rebuild_from, commitlog.min_position))
-        self._redispatched_from = start
-        position, position_ts_ms, redispatched = start, 0, 0
-        if scan_dispatch is not None and scan_dispatch.from_position == start:
-            position = min(max(scan_dispatch.position, start), end)
-            redispatched = scan_dispatch.records
-            if scan_dispatch.position <= end:
-                position_ts_ms = scan_dispatch.store_ts_ms
-        self._dispatcher = Dispatcher(
-            commitlog,
-            self.consume_queues,
-            self.index,
-            start_position=position,
-            start_ts_ms=position_ts_ms,
-            sync_mode=self.config.flush_mode == "sync",
-            uses_create_time=self._uses_create_time,
-            interval_ms=self.config.dispatch_interval_ms,
-        )
-        # Re-dispatch synchronously: when open returns, every recovered record is
-        # readable through its ConsumeQueue and the index. In sync mode a record is
-        # readable once durable: the recovered range is synced first. In async mode
-        # the flush service syncs it, off the open (CommitLog._recover).
-        if self.config.flush_mode == "sync":
-            commitlog.flush_to(end)
-        dispatcher = self._dispatcher
-        shown = self._hold_at_open(checkpoint, self._open_replicated)  # mqstore.store_replica
-        if shown is not None:
-            end = min(end, shown)
-        while dispatcher.position < end:
-            before = dispatcher.position
-            redispatched += dispatcher.dispatch_available(REDISPATCH_ROUND_BYTES_MAX)
-            if dispatcher.position == before:
-                break  # nothing readable below the end: a guard, never a spin
-        self.redispatched_at_open = redispatched
-        if redispatched:
-            log.info("re-dispatched %d records from %d to %d", redispatched, start, end)
-        self._apply_topic_retention()  # log starts moved by topic retention are not on disk
-        # After an unclean stop the dead process's writes (units, a queue directory it
-        # created) may be unsynced and are on no list of ours: the claim stays where the
-        # last checkpoint put it until the first checkpoint after open syncs them all.
-        self._derived_unsynced = self.recovered_from_crash
-        self._write_checkpoint(derived=True, opening=True)
-
-    def _unit_is_intact(
-        self, topic: str, queue_id: int, physical: int, size: int, queue_offset: int
-    ) -> bool:
-        """Whether the CommitLog holds, at ``physical``, the verified record of
-        (topic, queue_id) at ``queue_offset`` with that size (recovery's unit check)."""
-        try:
-            record = self.commitlog.record_at(physical)
-        except (OffsetOutOfRangeError, CorruptDataError):
-            return False
-        return (
-            record.size == size
-            and record.queue_offset == queue_offset
-            and record.queue_id == queue_id
-            and record.topic == topic
-        )
-
-    def _entry_is_intact(self, entry_key_hash: int, physical: int) -> bool:
-        """Whether the CommitLog holds at ``physical`` a verified record one of whose
-        keys hashes to ``entry_key_hash`` (recovery's index entry check)."""
-        try:
-            record = self.commitlog.record_at(physical)
-        except (OffsetOutOfRangeError, CorruptDataError):
-            return False
-        return any(key_hash(record.topic, key) == entry_key_hash for key in record.keys)
-
     def _start_services(self) -> None:
         dispatcher = self._dispatcher
         assert dispatcher is not None
@@ -489,73 +360,6 @@ class MessageStore(StoreWriter, CommitLogEngine, StoreReader, ReplicaStore):
         self._scheduler.every_ms(config.inbox_interval_ms, self.inbox.ingest, "inbox")
         self._scheduler.every_ms(COPY_INTERVAL_MS, self._copy_compacted, "compaction-copy")
         self._scheduler.start()
-
-    def run_retention(self) -> retention.RetentionReport:
-        """Run one retention check now (the scheduler runs it periodically). A
-        follower deletes nothing: its log is its leader's copy (docs/REPLICATION.md)."""
-        if not self._closed and not self.read_only and self.commitlog.is_follower:
-            return retention.RetentionReport(0, self.commitlog.min_position, 0.0, False)
-        self._check_writable()
-        assert self._retention is not None
-        assert self._dispatcher is not None
-        self._dispatcher.dispatch_available()
-        if isinstance(self._compaction, CompactionLogs):  # the copies first: retention waits
-            self.commitlog.flush_to(self.commitlog.write_position)  # copies take flushed
-            self._compaction.copy_all()
-            self._compaction.flush()
-        report = self._retention.run_once()
-        self._apply_topic_retention()
-        return report
-
-    def _compaction_floor(self) -> int:
-        compaction = self._compaction
-        return compaction.floor() if isinstance(compaction, CompactionLogs) else 2**63 - 1
-
-    def _after_retention(self, min_position: int) -> None:
-        self.consume_queues.correct_min_offsets(min_position)
-        self.index.delete_files_before(min_position)
-
-    def _file_retention_ms(self) -> float:
-        """How old a CommitLog file may grow: the longest retention of any topic
-        (every file holds every topic), infinite when one keeps forever (-1). A
-        compacted topic's copy keeps its records: it does not hold files back (and
-        retention waits for its copy anyway, ``_compaction_floor``)."""
-        copied = self._compaction is not None
-        topics = [t for t in self.topics.all().values() if not (copied and t.compacted)]
-        return retention.file_retention_ms(
-            topics, retention.hours_to_ms(self.config.retention_hours)
-        )
-
-    def _apply_topic_retention(self) -> int:
-        """Move the log start of topics that have their own retention, and of the
-        others too when files outlive the store default (a topic keeps longer);
-        return how many queues moved."""
-        moved = 0
-        now_ms = self.commitlog.now_ms()
-        default_ms = retention.hours_to_ms(self.config.retention_hours)
-        files_outlive_default = self._file_retention_ms() > default_ms
-        for topic in self.topics.all().values():
-            if topic.compacted and self._compaction is not None:
-                continue  # its copy keeps it (mqstore.compaction), with its own retention
-            retention_ms = topic.retention_ms
-            if retention_ms is None and files_outlive_default:
-                retention_ms = default_ms
-            if retention_ms is None and topic.retention_bytes is None:
-                continue
-            for partition in range(topic.partitions):
-                queue = self.consume_queues.queue(topic.name, partition)
-                start = retention.topic_start_offset(
-                    queue, now_ms, retention_ms, topic.retention_bytes
-                )
-                if start <= queue.min_offset:
-                    continue
-                if start >= queue.max_offset:
-                    boundary = self.commitlog.write_position
-                else:
-                    boundary = int(queue.get(start)["commitlog_offset"])
-                queue.correct_min_offset(boundary)
-                moved += 1
-        return moved
 
     def close(self) -> None:
         """Flush everything, stop the services, write the checkpoint, remove ``abort``."""

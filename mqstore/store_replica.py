@@ -74,13 +74,12 @@ class ReplicaStore:
         self._replicated_wait = wait
         self._put_path_changed()
 
-    def _put_path_changed(self) -> None: ...  # MessageStore's: put's C path on or off
+    if TYPE_CHECKING:  # MessageStore's (its other mixins'): typed here, defined there
 
-    def _after_batch(self) -> None: ...  # MessageStore's: backpressure on dispatch
-
-    def _write_checkpoint(self, derived: bool = False, opening: bool = False) -> None: ...
-
-    def _after_retention(self, min_position: int) -> None: ...  # MessageStore's
+        def _put_path_changed(self) -> None: ...  # put's C path on or off
+        def _after_batch(self) -> None: ...  # backpressure on dispatch
+        def _write_checkpoint(self, derived: bool = False, opening: bool = False) -> None: ...
+        def _after_retention(self, min_position: int) -> None: ...
 
     def _hold_at_open(self, checkpoint: Checkpoint | None, replicated: bool) -> int | None:
         """At a writer's open, what readers may see before replication says more
