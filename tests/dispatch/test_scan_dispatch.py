@@ -76,8 +76,9 @@ def _crashed_store(path: str, batches: int, lose_units: bool) -> list[list[Any]]
         bodies = [bytes([number % 251]) * (200 + number % 7)] * 5
         results.append(store.put_batch("t", number % QUEUES, bodies, keys=keys,
                                        tags=f"tag{number % 2}", trailer=_TRAILER))  # fmt: skip
-    for queue_id in range(QUEUES):
-        store.wait_for("t", queue_id, store.max_offset("t", queue_id), 1_000)
+    for queue_id in range(QUEUES):  # every unit dispatched (the last batch's of each queue)
+        last = max(batch[-1].queue_offset for batch in results[queue_id::QUEUES])
+        assert store.wait_for("t", queue_id, last, 5_000)
     if lose_units:
         store.consume_queues.queue("t", 0).truncate(3)
         for queue_id in range(1, QUEUES):
@@ -245,7 +246,7 @@ def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
     store = MessageStore.open(path, _config(**_FROZEN))
     for number in range(30):
         store.put_batch("t", 0, [bytes([number]) * 90] * 10)
-    store.wait_for("t", 0, store.max_offset("t", 0), 1_000)
+    assert store.wait_for("t", 0, 302, 5_000)  # every unit dispatched
     queue = store.consume_queues.queue("t", 0)
     queue._files.units(200 // 64).sizes[200 % 64] = 0
     store._crash()
