@@ -238,26 +238,52 @@ def test_a_failed_write_leaves_the_redispatch_to_the_dispatcher(twin, tmp_path, 
 
 def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
     """Units the page cache kept are confirmed, not written; a damaged one (its size
-    zeroed) is written again from there."""
+    zeroed) is written again, with the rest of its run from it, and nothing else.
+
+    Queue t-0 holds 3 preamble units (the checkpoint covers them), then 300 (30 batches
+    of 10). The scan's runs are 16 records from the checkpoint: [3, 19), [19, 35) ...
+    [195, 211) ... Its first run starts in the topic's shared unit log (the queue's
+    first 16 units), where ``units_in_place`` confirms nothing: ``put_batch`` takes
+    the run and compares it. In the damaged unit's run, the units before it are
+    confirmed and ``put_batch`` takes it and the rest of the run. Nothing is cut."""
     path = str(tmp_path)
     store = MessageStore.open(path, _config(**_FROZEN))
-    store.put_batch("t", 0, [b"pre"] * 3)
+    preamble = store.put_batch("t", 0, [b"pre"] * 3)
     store.close()
     store = MessageStore.open(path, _config(**_FROZEN))
+    results = list(preamble)
     for number in range(30):
-        store.put_batch("t", 0, [bytes([number]) * 90] * 10)
-    assert store.wait_for("t", 0, 302, 5_000)  # every unit dispatched
+        results += store.put_batch("t", 0, [bytes([number]) * 90] * 10)
+    assert [r.queue_offset for r in results] == list(range(303))
+    assert store.wait_for("t", 0, 302, 5_000)  # every unit is in place before the crash
+    damaged = 200
     queue = store.consume_queues.queue("t", 0)
-    queue._files.units(200 // 64).sizes[200 % 64] = 0
+    assert queue._first_offset <= 3 + 16  # (the first run is the only one in the shared log)
+    queue._files.units(damaged // 64).sizes[damaged % 64] = 0
     store._crash()
     written = _watch_writes(monkeypatch)
+    offset_of = {r.physical_offset: r.queue_offset for r in results}
     with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert store.redispatched_at_open == 300  # all during the scan:
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        written_offsets = [offset_of[physical] for physical in written]
+        assert len(written_offsets) == len(set(written_offsets))  # each at most once
+        damaged_run_end = 3 + 16 * ((damaged - 3) // 16 + 1)
+        assert damaged_run_end == 211
+        assert set(written_offsets) == set(range(3, 19)) | set(range(damaged, damaged_run_end))
+        # kept: [19, 200) and [211, 303) never written; repaired: the damaged unit
         units = store.consume_queues.queue("t", 0)
-        assert int(units.get(200).item()[1]) > 0
-        first_written = min(written)
-        assert first_written <= units.get(200).item()[0]  # repaired from the damage
-        assert len(written) < 303 - 150  # the units before it were confirmed
+        assert store.max_offset("t", 0) == 303  # nothing cut
+        assert store.commitlog.write_position == results[-1].physical_offset + results[-1].size
+        for result in results:
+            unit = [int(v) for v in units.get(result.queue_offset).item()]
+            assert unit[:2] == [result.physical_offset, result.size], result.queue_offset
+        bodies = [b"pre"] * 3 + [bytes([n]) * 90 for n in range(30) for _ in range(10)]
+        read = [m for start in range(0, 303, 32) for m in store.get("t", 0, start, 32)]
+        assert [m.queue_offset for m in read] == list(range(303))
+        assert [m.physical_offset for m in read] == [r.physical_offset for r in results]
+        assert [bytes(m.body) for m in read] == bodies
         _assert_agrees_with_log(store)
 
 
