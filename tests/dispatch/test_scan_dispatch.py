@@ -26,7 +26,8 @@ from mqstore.consumequeue import reput_check
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.reput_check import units_in_place_py
 from mqstore.consumequeue.tail_writer import TailWriter
-from mqstore.dispatch import log_scan
+from mqstore.dispatch import log_scan, scan_dispatch
+from mqstore.indexfile.index_service import IndexService
 
 FILE_BYTES = 64 * 1024  # small CommitLog files: the scan crosses blank records
 QUEUES = 3
@@ -59,17 +60,19 @@ _FROZEN = {"checkpoint_interval_ms": 600_000, "consumequeue_flush_interval_ms": 
 _TRAILER = Trailer("state", 0, lambda first_queue_offset: (b"s%d" % first_queue_offset, None))
 
 
-def _crashed_store(path: str, batches: int, lose_units: bool) -> list[list[Any]]:
+def _crashed_store(path: str, batches: int, lose_units: bool, **overrides: Any
+                   ) -> list[list[Any]]:  # fmt: skip
     """A store whose checkpoint covers a preamble, then ``batches`` keyed batches of
     5 round the queues of "t", each with a trailer (one append group), then a crash
     (SIGKILL-like: the page cache keeps everything); ``lose_units``: the queues' units
-    past the preamble are dropped first, so the re-dispatch must write them. Returns
-    the batches' results (the trailers' are not among them)."""
-    store = MessageStore.open(path, _config(**_FROZEN))
+    past the preamble are dropped first, so the re-dispatch must write them;
+    ``overrides``: of the config. Returns the batches' results (the trailers' are not
+    among them)."""
+    store = MessageStore.open(path, _config(**_FROZEN, **overrides))
     store.put_batch("t", 0, [b"pre"] * 3, keys=[[f"pre{i}"] for i in range(3)])
     store.put("state", 0, b"pre")
     store.close()
-    store = MessageStore.open(path, _config(**_FROZEN))
+    store = MessageStore.open(path, _config(**_FROZEN, **overrides))
     results = []
     for number in range(batches):
         keys = [[f"k{number}-{i}", "common"] for i in range(5)]
@@ -303,3 +306,57 @@ def test_a_scan_from_below_the_dispatched_position(twin, tmp_path):
         assert store.redispatched_at_open == 180  # not the preamble's 4
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
         _assert_agrees_with_log(store)  # (one hit per key: no entry made twice)
+
+
+def _index_hits(store: MessageStore, key: str) -> list[int]:
+    """The physical offsets the index itself holds for ``key`` of "t", each entry once
+    (``query_by_key`` would verify each against its record: this counts entries)."""
+    return store.index.query("t", key, 0, 2**63 - 1, 1_000, lambda physical: True)
+
+
+def test_keyed_records_put_mid_scan_are_indexed_once(twin, tmp_path, monkeypatch):
+    """The keyed records' index entries go to the index whenever KEYED_MAX are
+    collected, in the middle of the scan (a bound read at each run), and across index
+    files (64 entries each): every key is found exactly once at its record, during the
+    open, after a clean reopen, and so is each record under the key all share."""
+    monkeypatch.setattr(scan_dispatch, "KEYED_MAX", 7)  # a run of 16 holds 10-15 keyed
+    path = str(tmp_path)
+    small_index = {"index_entry_count": 64}  # 63 entries a file: ~10 files of 600 entries
+    results = _crashed_store(path, 60, lose_units=True, **small_index)
+    keyed = [r for batch in results for r in batch]
+    assert len(keyed) == 300
+    batches: list[list[int]] = []
+    put_batch = IndexService.put_batch
+
+    def watched(index: IndexService, topics: Any, keys: Any, physicals: Any, *rest: Any
+                ) -> None:  # fmt: skip
+        batches.append(list(physicals))
+        put_batch(index, topics, keys, physicals, *rest)
+
+    monkeypatch.setattr(IndexService, "put_batch", watched)
+    with MessageStore.open(path, _config(**small_index)) as store:
+        assert store.redispatched_at_open == 360  # all during the scan
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        # put mid-scan: many batches, each (but the last) at the bound, none repeated
+        assert len(batches) > 10
+        assert all(len(batch) >= 7 for batch in batches[:-1])
+        put = [physical for batch in batches for physical in batch]
+        assert put == [r.physical_offset for r in keyed]  # each once, in log order
+        assert len(store.index.file_names) > 5
+        _assert_keys_found_once(store, results)
+    batches.clear()
+    with MessageStore.open(path, _config(**small_index)) as store:  # clean: nothing put
+        assert not store.recovered_from_crash and batches == []
+        _assert_keys_found_once(store, results)
+
+
+def _assert_keys_found_once(store: MessageStore, results: list[list[Any]]) -> None:
+    for number, batch in enumerate(results):
+        for i, result in enumerate(batch):
+            assert _index_hits(store, f"k{number}-{i}") == [result.physical_offset]
+            hits = store.query_by_key("t", f"k{number}-{i}", max_results=4)
+            assert [(m.queue_id, m.queue_offset) for m in hits] == [
+                (number % QUEUES, result.queue_offset)
+            ]
+    everyone = sorted(r.physical_offset for batch in results for r in batch)
+    assert sorted(_index_hits(store, "common")) == everyone
