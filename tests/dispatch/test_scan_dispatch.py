@@ -6,8 +6,13 @@ records (so a scan is many runs, and batches straddle them)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -360,3 +365,125 @@ def _assert_keys_found_once(store: MessageStore, results: list[list[Any]]) -> No
             ]
     everyone = sorted(r.physical_offset for batch in results for r in batch)
     assert sorted(_index_hits(store, "common")) == everyone
+
+
+# ------------------------------------------------------- a crash during the recovery
+
+#: A writer reopening the crashed store in the folder argv[1] as the tests here do
+#: (``twin`` argv[2]) that SIGKILLs itself at argv[3]: "run:N", right after the Nth
+#: run of the scan it took, or "finish", after ``ScanDispatch.finish``. It prints
+#: where the re-dispatch during the scan stood and the queues' ends, then dies. The
+#: kill points are test code wrapping ScanDispatch, not hooks in the store: the point
+#: is exact, so every run kills mid-recovery. Collected units are written every 20
+#: rows (PENDING_ROWS_MAX) and index entries every 7 (KEYED_MAX), so a kill mid-scan
+#: leaves both half re-dispatched.
+RECOVERING_CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from mqstore import MessageStore
+    from mqstore.commitlog import recovery
+    from mqstore.commitlog.header_scan import dispatch_columns_py
+    from mqstore.commitlog.record import scan_records_py
+    from mqstore.consumequeue import reput_check
+    from mqstore.dispatch import log_scan, scan_dispatch
+    from tests.dispatch.test_scan_dispatch import _config
+
+    path, twin, kill_at = sys.argv[1:]
+    recovery.SCAN_ROWS = 16
+    if twin == "python":
+        recovery.scan_records = scan_records_py
+        log_scan.dispatch_columns = dispatch_columns_py
+        reput_check.units_in_place = reput_check.units_in_place_py
+    log_scan.PENDING_ROWS_MAX = 20
+    scan_dispatch.KEYED_MAX = 7
+    ScanDispatch = scan_dispatch.ScanDispatch
+    opening = []  # the store being opened
+    make_hook = MessageStore._scan_dispatch
+
+    def keep_store(store, checkpoint):
+        opening.append(store)
+        return make_hook(store, checkpoint)
+
+    def die(hook):
+        queues = {}
+        for queue_id in range(3):
+            queues[queue_id] = opening[0].consume_queues.queue("t", queue_id).max_offset
+        print(json.dumps({"from": hook.from_position, "position": hook.position,
+                          "records": hook.records, "queues": queues}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    runs_taken = 0
+    call, finish = ScanDispatch.__call__, ScanDispatch.finish
+
+    def killing_call(hook, *args):
+        global runs_taken
+        before = hook.position
+        call(hook, *args)
+        runs_taken += hook.position != before
+        if kill_at.startswith("run:") and runs_taken == int(kill_at[4:]):
+            die(hook)
+
+    def killing_finish(hook):
+        finish(hook)
+        if kill_at == "finish":
+            die(hook)
+
+    MessageStore._scan_dispatch = keep_store
+    ScanDispatch.__call__ = killing_call
+    ScanDispatch.finish = killing_finish
+    MessageStore.open(path, _config())
+    print("no kill", flush=True)
+    """
+)
+
+
+def _reopen_killed(path: str, twin: str, kill_at: str) -> dict[str, Any]:
+    """Reopen the crashed store in a child process SIGKILLed at ``kill_at`` during
+    its recovery (``RECOVERING_CHILD``); returns where its re-dispatch stood."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # (cwd: "-c" imports tests.dispatch from there)
+    child = subprocess.run(
+        [sys.executable, "-c", RECOVERING_CHILD, path, twin, kill_at],
+        cwd=root, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, (child.stdout, child.stderr[-3000:])
+    stood: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
+    return stood
+
+
+@pytest.mark.parametrize("kill_at", [["run:2"], ["run:18"], ["finish"], ["run:18", "run:4"]])
+def test_a_kill_during_the_recovery_loses_and_repeats_nothing(twin, tmp_path, kill_at):
+    """A writer SIGKILLed while it re-dispatches during the recovery scan of a crashed
+    store (early, late, after the last run: once or twice): the next open recovers
+    every acknowledged message at its queue offset, each key indexed once."""
+    path = str(tmp_path)
+    results = _crashed_store(path, 60, lose_units=True)
+    ends = {q: max(b[-1].queue_offset for b in results[q::QUEUES]) + 1 for q in range(QUEUES)}
+    for point in kill_at:
+        stood = _reopen_killed(path, twin, point)
+        assert stood["from"] < stood["position"]  # it had re-dispatched some records
+        queues = {int(q): end for q, end in stood["queues"].items()}
+        if point == "finish":
+            assert stood["records"] == 360 and queues == ends  # all of it, then killed
+        else:  # killed in the middle: some units and keys are back, not all
+            assert 0 < stood["records"] < 360
+            assert any(0 < queues[q] < ends[q] for q in range(1, QUEUES)), (queues, ends)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert {q: store.max_offset("t", q) for q in range(QUEUES)} == ends
+        for queue_id in range(QUEUES):
+            acked = [r for batch in results[queue_id::QUEUES] for r in batch]
+            read = [m for at in range(0, ends[queue_id], 32)
+                    for m in store.get("t", queue_id, at, 32)]  # fmt: skip
+            assert [m.queue_offset for m in read] == list(range(ends[queue_id]))
+            preamble = 3 if queue_id == 0 else 0
+            assert [bytes(m.body) for m in read[:preamble]] == [b"pre"] * preamble
+            assert [m.physical_offset for m in read[preamble:]] == [
+                r.physical_offset for r in acked
+            ]
+        for number, batch in enumerate(results):
+            body = bytes([number % 251]) * (200 + number % 7)
+            messages = store.get("t", number % QUEUES, batch[0].queue_offset, 5)
+            assert [bytes(m.body) for m in messages] == [body] * 5
+        _assert_keys_found_once(store, results)
+        _assert_agrees_with_log(store)
