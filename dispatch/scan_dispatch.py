@@ -108,7 +108,12 @@ class ScanDispatch:
             None, queue, tail, uses_create_time, tag_hash
         ).take_runs(SCAN_ROWS)
         self._started = False  # the scan has passed from_position
-        self._scanned_to = from_position  # where the last run handed in ended
+        # Where the last run handed in ended: the scan's progress, which the next run
+        # must start at (``_first_row``). Not ``position``, the dispatch's progress:
+        # while an append group is held open across runs, ``position`` stays at the
+        # group's first record and this moves on to each run's end; they meet again
+        # when the group closes. (Read only once the scan passed from_position.)
+        self._scanned_to = from_position
         # The rows of an append group still open at the last run's end (copied), and
         # their file: taken with the run that closes the group.
         self._held: np.ndarray | None = None

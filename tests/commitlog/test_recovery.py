@@ -10,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
+import numpy as np
 import pytest
 
 from mqstore.commitlog import recovery
@@ -504,6 +506,97 @@ def test_populate_read_maps_a_window_of_a_mapping_and_refuses_a_range_outside(tm
                 populate(mapping, start, length)
     finally:
         mapping.close()
-    assert populate(b"abc", 0, 3) is False
+    if twin:  # (C tries any page-aligned buffer: a bytes object's data may be one)
+        assert populate(b"abc", 0, 3) is False
     with pytest.raises(ValueError):
         populate(b"abc", 2, 2)
+
+
+PAGE = mmap.PAGESIZE
+
+
+def _populate_twins() -> list[Any]:
+    return [
+        pytest.param(lambda: recovery.populate_read_py, id="python"),
+        pytest.param(lambda: NATIVE.populate_read, id="c", marks=pytest.mark.skipif(
+            NATIVE is None, reason="the C module is not built")),
+    ]  # fmt: skip
+
+
+def _mapped_pages(buffer: Any, pages: int) -> list[int]:
+    """Which of the first ``pages`` pages of ``buffer`` (page-aligned) are mapped in
+    this process: the "present" bit (63) of /proc/self/pagemap, a page-table fact."""
+    base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    assert base % PAGE == 0
+    try:
+        with open("/proc/self/pagemap", "rb") as handle:
+            handle.seek(base // PAGE * 8)
+            entries = np.frombuffer(handle.read(8 * pages), dtype="<u8")
+    except OSError as error:
+        pytest.skip(f"no /proc/self/pagemap: {error}")
+    return np.flatnonzero(entries >> np.uint64(63)).tolist()
+
+
+def _populate_works() -> bool:
+    major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    return (major, minor) >= (5, 14)  # MADV_POPULATE_READ
+
+
+@pytest.mark.parametrize("populate", _populate_twins())
+def test_populate_read_maps_exactly_the_pages_of_its_range(populate):
+    """The contract of ``populate_read`` (C and the twin alike), on an anonymous
+    mapping (no fault-around there, so the pages mapped are exactly those asked):
+    [start, start + length) is mapped from start's page to the page of its last byte,
+    nothing before or after; True when done, False (and nothing mapped) for an empty
+    range; a range outside the buffer is a ValueError that maps nothing."""
+    populate = populate()
+    if not _populate_works():
+        pytest.skip("MADV_POPULATE_READ needs Linux 5.14")
+    mapping = mmap.mmap(-1, 32 * PAGE)
+    try:
+        assert _mapped_pages(mapping, 32) == []  # fresh: nothing mapped yet
+        assert populate(mapping, 10 * PAGE + 5, 3 * PAGE) is True  # last byte in page 13
+        assert _mapped_pages(mapping, 32) == [10, 11, 12, 13]
+        assert populate(mapping, 20 * PAGE - 1, 1) is True  # one byte: its page alone
+        assert _mapped_pages(mapping, 32) == [10, 11, 12, 13, 19]
+        assert populate(mapping, 31 * PAGE, PAGE) is True  # up to the end
+        assert populate(mapping, 32 * PAGE, 0) is False  # empty, at the end: nothing
+        assert populate(mapping, 2 * PAGE, 0) is False
+        outside = ((-PAGE, 2 * PAGE), (0, -1), (0, 32 * PAGE + 1), (25 * PAGE, 8 * PAGE))
+        for start, length in outside:
+            with pytest.raises(ValueError, match="outside the buffer"):
+                populate(mapping, start, length)
+        assert _mapped_pages(mapping, 32) == [10, 11, 12, 13, 19, 31]
+        assert bytes(mapping[10 * PAGE : 14 * PAGE]) == bytes(4 * PAGE)  # read, not written
+    finally:
+        mapping.close()
+
+
+@pytest.mark.parametrize("populate", _populate_twins())
+def test_populate_read_maps_a_window_of_a_file_and_nothing_of_a_copy(tmp_path, populate):
+    """A CommitLog file's read-only mapping (the scan's case) gets the pages of the
+    window mapped (fault-around may map neighbours too); a buffer that is no
+    page-aligned mapping (a view from byte 1) is left alone: False, nothing mapped;
+    wrong arguments are a TypeError."""
+    populate = populate()
+    if not _populate_works():
+        pytest.skip("MADV_POPULATE_READ needs Linux 5.14")
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * (64 * PAGE // 256))
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+    anonymous = mmap.mmap(-1, 8 * PAGE)
+    view = memoryview(anonymous)[1:]
+    try:
+        assert populate(mapping, 40 * PAGE + 7, 5 * PAGE) is True
+        assert set(range(40, 46)) <= set(_mapped_pages(mapping, 64))
+        assert populate(view, 2 * PAGE, PAGE) is False  # not page-aligned: no madvise
+        assert _mapped_pages(anonymous, 8) == []
+        with pytest.raises(TypeError):
+            populate(mapping, 0)
+        with pytest.raises(TypeError):
+            populate(12, 0, 0)  # not a buffer
+    finally:
+        view.release()
+        anonymous.close()
+        mapping.close()

@@ -225,7 +225,7 @@ def test_redispatch_after_a_crash_over_lost_and_kept_units(scan, tmp_path):
     store = MessageStore.open(path, config)
     _write(store, [(q % 2, q % 7, 300, q % 4 == 0, q % 5 == 0) for q in range(600)])
     before = _snapshot(store)
-    store.wait_for("orders", 0, store.max_offset("orders", 0), 1_000)
+    assert store.wait_for("orders", 0, store.max_offset("orders", 0) - 1, 1_000)
     store.consume_queues.queue("orders", 1).truncate(20)  # the checkpoint covers 8
     store.consume_queues.queue("audit", 2).truncate(0)
     store._crash()
@@ -248,7 +248,7 @@ def test_redispatch_confirms_kept_shared_units_in_bulk(scan, tmp_path, monkeypat
     store = MessageStore.open(path, config)
     _write(store, [(0, q % 60, 50, q % 3 == 0, q % 5 == 0) for q in range(180)])
     before = _snapshot(store)
-    store.wait_for("orders", 59, store.max_offset("orders", 59), 1_000)
+    assert store.wait_for("orders", 59, store.max_offset("orders", 59) - 1, 1_000)
     store._crash()
     puts: list[tuple[int, ...]] = []
     original = ConsumeQueue.put
@@ -284,7 +284,8 @@ def test_redispatch_skips_kept_units_and_repairs_the_rest(scan, tmp_path, monkey
         store.put_batch_arrays("orders", number % 4, [bytes([number]) * 60] * 30,
                                tags=f"t{number % 2}" if number % 3 else None)  # fmt: skip
     for queue_id in range(4):
-        store.wait_for("orders", queue_id, store.max_offset("orders", queue_id), 1_000)
+        last = store.max_offset("orders", queue_id) - 1
+        assert store.wait_for("orders", queue_id, last, 1_000)  # dispatched
     before = _snapshot(store)
     damaged = {1: 77, 2: 100, 3: 131}  # queue id -> offset: a hole, a stale time, a block
     queues = {q: store.consume_queues.queue("orders", q) for q in damaged}

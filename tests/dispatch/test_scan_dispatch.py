@@ -6,8 +6,13 @@ records (so a scan is many runs, and batches straddle them)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +31,8 @@ from mqstore.consumequeue import reput_check
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.reput_check import units_in_place_py
 from mqstore.consumequeue.tail_writer import TailWriter
-from mqstore.dispatch import log_scan
+from mqstore.dispatch import log_scan, scan_dispatch
+from mqstore.indexfile.index_service import IndexService
 
 FILE_BYTES = 64 * 1024  # small CommitLog files: the scan crosses blank records
 QUEUES = 3
@@ -59,25 +65,28 @@ _FROZEN = {"checkpoint_interval_ms": 600_000, "consumequeue_flush_interval_ms": 
 _TRAILER = Trailer("state", 0, lambda first_queue_offset: (b"s%d" % first_queue_offset, None))
 
 
-def _crashed_store(path: str, batches: int, lose_units: bool) -> list[list[Any]]:
+def _crashed_store(path: str, batches: int, lose_units: bool, **overrides: Any
+                   ) -> list[list[Any]]:  # fmt: skip
     """A store whose checkpoint covers a preamble, then ``batches`` keyed batches of
     5 round the queues of "t", each with a trailer (one append group), then a crash
     (SIGKILL-like: the page cache keeps everything); ``lose_units``: the queues' units
-    past the preamble are dropped first, so the re-dispatch must write them. Returns
-    the batches' results (the trailers' are not among them)."""
-    store = MessageStore.open(path, _config(**_FROZEN))
+    past the preamble are dropped first, so the re-dispatch must write them;
+    ``overrides``: of the config. Returns the batches' results (the trailers' are not
+    among them)."""
+    store = MessageStore.open(path, _config(**_FROZEN, **overrides))
     store.put_batch("t", 0, [b"pre"] * 3, keys=[[f"pre{i}"] for i in range(3)])
     store.put("state", 0, b"pre")
     store.close()
-    store = MessageStore.open(path, _config(**_FROZEN))
+    store = MessageStore.open(path, _config(**_FROZEN, **overrides))
     results = []
     for number in range(batches):
         keys = [[f"k{number}-{i}", "common"] for i in range(5)]
         bodies = [bytes([number % 251]) * (200 + number % 7)] * 5
         results.append(store.put_batch("t", number % QUEUES, bodies, keys=keys,
                                        tags=f"tag{number % 2}", trailer=_TRAILER))  # fmt: skip
-    for queue_id in range(QUEUES):
-        store.wait_for("t", queue_id, store.max_offset("t", queue_id), 1_000)
+    for queue_id in range(QUEUES):  # every unit dispatched (the last batch's of each queue)
+        last = max(batch[-1].queue_offset for batch in results[queue_id::QUEUES])
+        assert store.wait_for("t", queue_id, last, 5_000)
     if lose_units:
         store.consume_queues.queue("t", 0).truncate(3)
         for queue_id in range(1, QUEUES):
@@ -237,26 +246,52 @@ def test_a_failed_write_leaves_the_redispatch_to_the_dispatcher(twin, tmp_path, 
 
 def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
     """Units the page cache kept are confirmed, not written; a damaged one (its size
-    zeroed) is written again from there."""
+    zeroed) is written again, with the rest of its run from it, and nothing else.
+
+    Queue t-0 holds 3 preamble units (the checkpoint covers them), then 300 (30 batches
+    of 10). The scan's runs are 16 records from the checkpoint: [3, 19), [19, 35) ...
+    [195, 211) ... Its first run starts in the topic's shared unit log (the queue's
+    first 16 units), where ``units_in_place`` confirms nothing: ``put_batch`` takes
+    the run and compares it. In the damaged unit's run, the units before it are
+    confirmed and ``put_batch`` takes it and the rest of the run. Nothing is cut."""
     path = str(tmp_path)
     store = MessageStore.open(path, _config(**_FROZEN))
-    store.put_batch("t", 0, [b"pre"] * 3)
+    preamble = store.put_batch("t", 0, [b"pre"] * 3)
     store.close()
     store = MessageStore.open(path, _config(**_FROZEN))
+    results = list(preamble)
     for number in range(30):
-        store.put_batch("t", 0, [bytes([number]) * 90] * 10)
-    store.wait_for("t", 0, store.max_offset("t", 0), 1_000)
+        results += store.put_batch("t", 0, [bytes([number]) * 90] * 10)
+    assert [r.queue_offset for r in results] == list(range(303))
+    assert store.wait_for("t", 0, 302, 5_000)  # every unit is in place before the crash
+    damaged = 200
     queue = store.consume_queues.queue("t", 0)
-    queue._files.units(200 // 64).sizes[200 % 64] = 0
+    assert queue._first_offset <= 3 + 16  # (the first run is the only one in the shared log)
+    queue._files.units(damaged // 64).sizes[damaged % 64] = 0
     store._crash()
     written = _watch_writes(monkeypatch)
+    offset_of = {r.physical_offset: r.queue_offset for r in results}
     with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert store.redispatched_at_open == 300  # all during the scan:
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        written_offsets = [offset_of[physical] for physical in written]
+        assert len(written_offsets) == len(set(written_offsets))  # each at most once
+        damaged_run_end = 3 + 16 * ((damaged - 3) // 16 + 1)
+        assert damaged_run_end == 211
+        assert set(written_offsets) == set(range(3, 19)) | set(range(damaged, damaged_run_end))
+        # kept: [19, 200) and [211, 303) never written; repaired: the damaged unit
         units = store.consume_queues.queue("t", 0)
-        assert int(units.get(200).item()[1]) > 0
-        first_written = min(written)
-        assert first_written <= units.get(200).item()[0]  # repaired from the damage
-        assert len(written) < 303 - 150  # the units before it were confirmed
+        assert store.max_offset("t", 0) == 303  # nothing cut
+        assert store.commitlog.write_position == results[-1].physical_offset + results[-1].size
+        for result in results:
+            unit = [int(v) for v in units.get(result.queue_offset).item()]
+            assert unit[:2] == [result.physical_offset, result.size], result.queue_offset
+        bodies = [b"pre"] * 3 + [bytes([n]) * 90 for n in range(30) for _ in range(10)]
+        read = [m for start in range(0, 303, 32) for m in store.get("t", 0, start, 32)]
+        assert [m.queue_offset for m in read] == list(range(303))
+        assert [m.physical_offset for m in read] == [r.physical_offset for r in results]
+        assert [bytes(m.body) for m in read] == bodies
         _assert_agrees_with_log(store)
 
 
@@ -276,3 +311,179 @@ def test_a_scan_from_below_the_dispatched_position(twin, tmp_path):
         assert store.redispatched_at_open == 180  # not the preamble's 4
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
         _assert_agrees_with_log(store)  # (one hit per key: no entry made twice)
+
+
+def _index_hits(store: MessageStore, key: str) -> list[int]:
+    """The physical offsets the index itself holds for ``key`` of "t", each entry once
+    (``query_by_key`` would verify each against its record: this counts entries)."""
+    return store.index.query("t", key, 0, 2**63 - 1, 1_000, lambda physical: True)
+
+
+def test_keyed_records_put_mid_scan_are_indexed_once(twin, tmp_path, monkeypatch):
+    """The keyed records' index entries go to the index whenever KEYED_MAX are
+    collected, in the middle of the scan (a bound read at each run), and across index
+    files (64 entries each): every key is found exactly once at its record, during the
+    open, after a clean reopen, and so is each record under the key all share."""
+    monkeypatch.setattr(scan_dispatch, "KEYED_MAX", 7)  # a run of 16 holds 10-15 keyed
+    path = str(tmp_path)
+    small_index = {"index_entry_count": 64}  # 63 entries a file: ~10 files of 600 entries
+    results = _crashed_store(path, 60, lose_units=True, **small_index)
+    keyed = [r for batch in results for r in batch]
+    assert len(keyed) == 300
+    batches: list[list[int]] = []
+    put_batch = IndexService.put_batch
+
+    def watched(index: IndexService, topics: Any, keys: Any, physicals: Any, *rest: Any
+                ) -> None:  # fmt: skip
+        batches.append(list(physicals))
+        put_batch(index, topics, keys, physicals, *rest)
+
+    monkeypatch.setattr(IndexService, "put_batch", watched)
+    with MessageStore.open(path, _config(**small_index)) as store:
+        assert store.redispatched_at_open == 360  # all during the scan
+        assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
+        # put mid-scan: many batches, each (but the last) at the bound, none repeated
+        assert len(batches) > 10
+        assert all(len(batch) >= 7 for batch in batches[:-1])
+        put = [physical for batch in batches for physical in batch]
+        assert put == [r.physical_offset for r in keyed]  # each once, in log order
+        assert len(store.index.file_names) > 5
+        _assert_keys_found_once(store, results)
+    batches.clear()
+    with MessageStore.open(path, _config(**small_index)) as store:  # clean: nothing put
+        assert not store.recovered_from_crash and batches == []
+        _assert_keys_found_once(store, results)
+
+
+def _assert_keys_found_once(store: MessageStore, results: list[list[Any]]) -> None:
+    for number, batch in enumerate(results):
+        for i, result in enumerate(batch):
+            assert _index_hits(store, f"k{number}-{i}") == [result.physical_offset]
+            hits = store.query_by_key("t", f"k{number}-{i}", max_results=4)
+            assert [(m.queue_id, m.queue_offset) for m in hits] == [
+                (number % QUEUES, result.queue_offset)
+            ]
+    everyone = sorted(r.physical_offset for batch in results for r in batch)
+    assert sorted(_index_hits(store, "common")) == everyone
+
+
+# ------------------------------------------------------- a crash during the recovery
+
+#: A writer reopening the crashed store in the folder argv[1] as the tests here do
+#: (``twin`` argv[2]) that SIGKILLs itself at argv[3]: "run:N", right after the Nth
+#: run of the scan it took, or "finish", after ``ScanDispatch.finish``. It prints
+#: where the re-dispatch during the scan stood and the queues' ends, then dies. The
+#: kill points are test code wrapping ScanDispatch, not hooks in the store: the point
+#: is exact, so every run kills mid-recovery. Collected units are written every 20
+#: rows (PENDING_ROWS_MAX) and index entries every 7 (KEYED_MAX), so a kill mid-scan
+#: leaves both half re-dispatched.
+RECOVERING_CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from mqstore import MessageStore
+    from mqstore.commitlog import recovery
+    from mqstore.commitlog.header_scan import dispatch_columns_py
+    from mqstore.commitlog.record import scan_records_py
+    from mqstore.consumequeue import reput_check
+    from mqstore.dispatch import log_scan, scan_dispatch
+    from tests.dispatch.test_scan_dispatch import _config
+
+    path, twin, kill_at = sys.argv[1:]
+    recovery.SCAN_ROWS = 16
+    if twin == "python":
+        recovery.scan_records = scan_records_py
+        log_scan.dispatch_columns = dispatch_columns_py
+        reput_check.units_in_place = reput_check.units_in_place_py
+    log_scan.PENDING_ROWS_MAX = 20
+    scan_dispatch.KEYED_MAX = 7
+    ScanDispatch = scan_dispatch.ScanDispatch
+    opening = []  # the store being opened
+    make_hook = MessageStore._scan_dispatch
+
+    def keep_store(store, checkpoint):
+        opening.append(store)
+        return make_hook(store, checkpoint)
+
+    def die(hook):
+        queues = {}
+        for queue_id in range(3):
+            queues[queue_id] = opening[0].consume_queues.queue("t", queue_id).max_offset
+        print(json.dumps({"from": hook.from_position, "position": hook.position,
+                          "records": hook.records, "queues": queues}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    runs_taken = 0
+    call, finish = ScanDispatch.__call__, ScanDispatch.finish
+
+    def killing_call(hook, *args):
+        global runs_taken
+        before = hook.position
+        call(hook, *args)
+        runs_taken += hook.position != before
+        if kill_at.startswith("run:") and runs_taken == int(kill_at[4:]):
+            die(hook)
+
+    def killing_finish(hook):
+        finish(hook)
+        if kill_at == "finish":
+            die(hook)
+
+    MessageStore._scan_dispatch = keep_store
+    ScanDispatch.__call__ = killing_call
+    ScanDispatch.finish = killing_finish
+    MessageStore.open(path, _config())
+    print("no kill", flush=True)
+    """
+)
+
+
+def _reopen_killed(path: str, twin: str, kill_at: str) -> dict[str, Any]:
+    """Reopen the crashed store in a child process SIGKILLed at ``kill_at`` during
+    its recovery (``RECOVERING_CHILD``); returns where its re-dispatch stood."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # (cwd: "-c" imports tests.dispatch from there)
+    child = subprocess.run(
+        [sys.executable, "-c", RECOVERING_CHILD, path, twin, kill_at],
+        cwd=root, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, (child.stdout, child.stderr[-3000:])
+    stood: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
+    return stood
+
+
+@pytest.mark.parametrize("kill_at", [["run:2"], ["run:18"], ["finish"], ["run:18", "run:4"]])
+def test_a_kill_during_the_recovery_loses_and_repeats_nothing(twin, tmp_path, kill_at):
+    """A writer SIGKILLed while it re-dispatches during the recovery scan of a crashed
+    store (early, late, after the last run: once or twice): the next open recovers
+    every acknowledged message at its queue offset, each key indexed once."""
+    path = str(tmp_path)
+    results = _crashed_store(path, 60, lose_units=True)
+    ends = {q: max(b[-1].queue_offset for b in results[q::QUEUES]) + 1 for q in range(QUEUES)}
+    for point in kill_at:
+        stood = _reopen_killed(path, twin, point)
+        assert stood["from"] < stood["position"]  # it had re-dispatched some records
+        queues = {int(q): end for q, end in stood["queues"].items()}
+        if point == "finish":
+            assert stood["records"] == 360 and queues == ends  # all of it, then killed
+        else:  # killed in the middle: some units and keys are back, not all
+            assert 0 < stood["records"] < 360
+            assert any(0 < queues[q] < ends[q] for q in range(1, QUEUES)), (queues, ends)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        assert {q: store.max_offset("t", q) for q in range(QUEUES)} == ends
+        for queue_id in range(QUEUES):
+            acked = [r for batch in results[queue_id::QUEUES] for r in batch]
+            read = [m for at in range(0, ends[queue_id], 32)
+                    for m in store.get("t", queue_id, at, 32)]  # fmt: skip
+            assert [m.queue_offset for m in read] == list(range(ends[queue_id]))
+            preamble = 3 if queue_id == 0 else 0
+            assert [bytes(m.body) for m in read[:preamble]] == [b"pre"] * preamble
+            assert [m.physical_offset for m in read[preamble:]] == [
+                r.physical_offset for r in acked
+            ]
+        for number, batch in enumerate(results):
+            body = bytes([number % 251]) * (200 + number % 7)
+            messages = store.get("t", number % QUEUES, batch[0].queue_offset, 5)
+            assert [bytes(m.body) for m in messages] == [body] * 5
+        _assert_keys_found_once(store, results)
+        _assert_agrees_with_log(store)
