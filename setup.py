@@ -14,6 +14,7 @@ setup(
             "mqstore.commitlog._native",
             [
                 "commitlog/_native.c",
+                "commitlog/_scan.c",
                 "commitlog/_appender.c",
                 "commitlog/_columns.c",
                 "commitlog/_dispatch.c",

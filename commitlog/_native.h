@@ -1,6 +1,7 @@
 /*
  * What the C files of mqstore.commitlog._native share (_native.c: the module, the
- * encoders, the scans; _columns.c: the columnar read): the record layout as
+ * encoders; _scan.c: the checks of written records; _columns.c: the columnar read):
+ * the record layout as
  * commitlog/record.py declares it, XXH64, and the argument and bounds helpers.
  * Everything here is static inline, so each file gets its own copy and an unused
  * helper is no warning.
@@ -333,6 +334,13 @@ enum {
     DISPATCH_FLAGS,
     DISPATCH_ROWS
 };
+
+/* commitlog/_scan.c: checks of written records (SCAN_* are scan_records' statuses,
+ * record.py's SCAN_* and LAYOUT) */
+enum { SCAN_FULL = 0, SCAN_ZEROS = 1, SCAN_BLANK = 2, SCAN_INVALID = 3, SCAN_LIMIT = 4 };
+PyObject *mqstore_scan_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_verify_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mqstore_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 PyObject *mqstore_dispatch_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_units_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -22,8 +22,9 @@ is the tail writer's table of raw mapping addresses (see ``write_units`` in the 
 file). tests/commitlog/test_native_fuzz.py fuzzes every function with hostile
 arguments, and scripts/sanitize.sh runs it under AddressSanitizer and UBSan.
 
-The C is three files: _native.h (the layout, XXH64, the argument helpers), _native.c
-(the encoders, the scans, the module) and _columns.c (the columnar read: see
+The C of the record format is four files: _native.h (the layout, XXH64, the argument
+helpers), _native.c (the encoders, the module), _scan.c (scan_records, verify_records,
+gather: the checks of written records) and _columns.c (the columnar read: see
 commitlog/columns.py). Only _columns.c makes Python objects per record (bytes,
 views, rows, tuples: what it is for); its ``rows`` takes the rows it makes out of the
 cyclic GC, which is sound because nothing can change a row's fields afterwards.
