@@ -1,7 +1,7 @@
 /*
  * commitlog._native: the hot loops of the record format, in C.
  *
- * The format itself is declared once, in commitlog/record.py; this file follows it
+ * The format itself is declared once, in commitlog/record_format.py; this file follows it
  * and commitlog/native.py holds the pure-Python version of every function here (the
  * fallback when this module did not build, and the reference the tests compare it
  * with). Nothing here allocates Python objects per record: the callers pass buffers
