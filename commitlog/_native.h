@@ -1,8 +1,8 @@
 /*
  * What the C files of mqstore.commitlog._native share (_native.c: the module, the
  * encoders; _scan.c: the checks of written records; _columns.c: the columnar read):
- * the record layout as
- * commitlog/record_format.py declares it, XXH64, and the argument and bounds helpers.
+ * the record layout as commitlog/record_format.py declares it, XXH64, and the
+ * argument and bounds helpers.
  * Everything here is static inline, so each file gets its own copy and an unused
  * helper is no warning.
  *
