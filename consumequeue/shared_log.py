@@ -436,11 +436,15 @@ class SharedUnitLog:
         file_last = int(positions[-1]) // self._rpf
         if file_first == file_last:
             records = self._map(file_first)[positions - file_first * self._rpf]
-        else:
-            records = np.concatenate(
-                [self._map(int(p) // self._rpf)[int(p) % self._rpf : int(p) % self._rpf + 1]
-                 for p in positions]
-            )  # fmt: skip
+        else:  # one fancy index per file: positions only grow (a queue's units in order)
+            records = np.empty(count, dtype=SHARED_RECORD)
+            files = positions // self._rpf
+            cuts = [0, *(np.flatnonzero(files[1:] != files[:-1]) + 1).tolist(), count]
+            for begin, stop in itertools.pairwise(cuts):
+                file_index = int(files[begin])
+                records[begin:stop] = self._map(file_index)[
+                    positions[begin:stop] - file_index * self._rpf
+                ]
         expected = np.arange(start, start + count)
         if not ((records["queue_offset"] == expected).all() and (records["size"] > 0).all()
                 and (records["queue_id"] == queue_id).all()):  # fmt: skip

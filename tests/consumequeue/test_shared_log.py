@@ -432,6 +432,32 @@ def test_point_records_are_the_records_as_tuples(tmp_path: Any) -> None:
         shared.close()
 
 
+def test_a_gather_across_files_takes_each_files_units_in_order(tmp_path: Any) -> None:
+    """A thin queue's units spread over many files among other queues' units: a read
+    of any range gets exactly its units, in order (one fancy index per file)."""
+    shared = SharedUnitLog.open(str(tmp_path / ".shared"), RECORDS_PER_FILE, read_only=False)
+    # Queue 0 takes every 4th record, the others the rest: 40 records in 8 files.
+    rows, offsets = [], {0: 0, 1: 0}
+    for record in range(40):
+        queue_id = 0 if record % 4 == 0 else 1
+        rows.append(
+            (queue_id, offsets[queue_id], 1000 + record, 60 + record, record, 5000 + record)
+        )
+        offsets[queue_id] += 1
+    assert shared.append(*_columns(rows)) == 40  # type: ignore[arg-type]
+    mine = [row for row in rows if row[0] == 0]
+    for start in range(len(mine)):
+        for count in range(len(mine) - start + 1):
+            got = shared.records(0, start, count)
+            want = mine[start : start + count]
+            assert got["queue_offset"].tolist() == [row[1] for row in want]
+            assert got["commitlog_offset"].tolist() == [row[2] for row in want]
+            assert got["size"].tolist() == [row[3] for row in want]
+            assert got["timestamp_ms"].tolist() == [row[5] for row in want]
+            assert shared.timestamps(0, start, count).tolist() == [row[5] for row in want]
+    shared.close()
+
+
 def test_a_run_is_one_object_for_the_garbage_collector():
     """100,000 queues hold 100,000 runs: each is one object (its positions are its
     own int64 array), which leaves the GC when made (the C module; see below)."""
