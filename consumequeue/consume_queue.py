@@ -156,6 +156,13 @@ class ConsumeQueue:
                 queue_shared.refresh_max(self)
             return self._max_offset
 
+    @property
+    def known_max_offset(self) -> int:
+        """The max offset as this queue last learned it, without re-reading the
+        writer's files (``max_offset`` does, read-only): what the last ``get_range``
+        stopped at. A writer's is its own, authoritative."""
+        return self._max_offset
+
     def refresh(self) -> None:
         """Re-read the queue's files (read-only queues: see the writer's latest state).
 
@@ -343,9 +350,9 @@ class ConsumeQueue:
         with self._ctx.lock:
             self._enter()
             if self._ctx.read_only:
-                self._check_range(start, start)
-                if start + max_units > self._max_offset:
-                    queue_shared.refresh_max(self)  # asked past our max: the writer may be there
+                if start + max(max_units, 1) > self._max_offset:
+                    queue_shared.refresh_max(self)  # asked at or past our max: follow, once
+                self._check_bounds(start, start)
             elif not self._min_offset <= start <= self._max_offset:
                 # The shared run's units lie below min_offset: only then is the run
                 # looked up (the lowest readable offset is never above min_offset).
@@ -803,12 +810,18 @@ class ConsumeQueue:
 
     def _check_range(self, start: int, end: int) -> None:
         """``[start, end)`` must lie in ``[min_offset, max_offset]`` (read-only: re-checked)."""
-        if self._ctx.read_only:
-            if end > self._max_offset or (start == end and start >= self._max_offset):
-                queue_shared.refresh_max(self)
-            if start < queue_shared.low_offset(self):
-                queue_shared.refresh_min(self)
+        if self._ctx.read_only and (
+            end > self._max_offset or (start == end and start >= self._max_offset)
+        ):
+            queue_shared.refresh_max(self)
+        self._check_bounds(start, end)
+
+    def _check_bounds(self, start: int, end: int) -> None:
+        """``_check_range`` with the max offset as known (read-only: the min re-checked)."""
         low = queue_shared.low_offset(self)
+        if self._ctx.read_only and start < low:
+            queue_shared.refresh_min(self)
+            low = queue_shared.low_offset(self)
         if start < low or end > self._max_offset:
             raise OffsetOutOfRangeError(
                 f"{self}: [{start}, {max(end, start)}) is outside [{low}, {self._max_offset})"

@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
+import operator
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -60,6 +61,10 @@ __all__ = [
 
 FILE_MODE: Final = 0o644
 PAGE_SIZE_BYTES: Final = 4096  # writes of a new file closer than this are merged into one
+#: ``followed_end`` reads this many units past a follower's end in one slice (1.3 KiB).
+#: A dispatch round at 50,000 msg/s adds a few dozen units to a queue; a follower that
+#: fell further behind takes ``written_end``'s binary search instead.
+FOLLOW_WINDOW_UNITS: Final = 64
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -169,6 +174,57 @@ class MappedUnitFile:
         if low > start and check_order:
             self._check_run_ends(start, low - 1)
         return low
+
+    def followed_end(self, start: int, floor_commitlog_offset: int) -> int:
+        """``written_end`` for a read-only follower, which expects a few new units past
+        ``start``: the sizes of up to FOLLOW_WINDOW_UNITS units in one slice, the end at
+        the first unwritten one, and every unit of the run checked (written, its
+        commitlog offset above the one before, the first above
+        ``floor_commitlog_offset``). One numpy call where the search makes two per
+        probe (about 20 probes in a 300,000-unit file). A run that fills the window, or
+        reaches the file's end, takes ``written_end``.
+
+        The writer makes a unit visible by its size, written last with release order,
+        in queue order (``write_units``): the first zero size is the end it published.
+
+        Raises:
+            CorruptDataError: naming the file and the byte position of the bad unit.
+        """
+        stop = start + FOLLOW_WINDOW_UNITS
+        if stop >= len(self.units):
+            return self.written_end(start, floor_commitlog_offset)
+        sizes = self.sizes[start:stop].tolist()
+        try:
+            count = sizes.index(0)
+        except ValueError:
+            return self.written_end(start, floor_commitlog_offset)
+        if count == 0:
+            return start
+        offsets = self.commitlog_offsets[start : start + count].tolist()
+        if (
+            min(sizes[:count]) < 0
+            or offsets[0] <= floor_commitlog_offset
+            or not all(map(operator.lt, offsets, offsets[1:]))
+        ):
+            self._raise_disorder(start, sizes[:count], offsets, floor_commitlog_offset)
+        return start + count
+
+    def _raise_disorder(
+        self, start: int, sizes: list[int], offsets: list[int], floor_commitlog_offset: int
+    ) -> None:
+        """CorruptDataError at the first of units ``start``... (``sizes``, ``offsets``)
+        that is negative or not above the one before."""
+        previous = floor_commitlog_offset
+        for index, (size, commitlog_offset) in enumerate(zip(sizes, offsets, strict=True)):
+            if size < 0 or commitlog_offset <= previous:
+                raise CorruptDataError(
+                    self.path,
+                    (start + index) * UNIT.itemsize,
+                    f"unit (commitlog_offset={commitlog_offset}, size={size}) breaks the order "
+                    f"of the queue (previous commitlog_offset {previous})",
+                )
+            previous = commitlog_offset
+        raise AssertionError("no unit out of order")
 
     def _check_run_ends(self, first: int, last: int) -> None:
         """The run's first unit must be written and below its last (the search may not

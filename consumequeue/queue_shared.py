@@ -293,7 +293,7 @@ def refresh_max(queue: ConsumeQueue) -> None:
             if units.sizes[end_in_file] == 0:
                 return
             last = queue._last_commitlog_offset
-            end = units.written_end(end_in_file, -1 if last is None else last)
+            end = units.followed_end(end_in_file, -1 if last is None else last)
             queue._max_offset = newest * upf + end
             queue._last_commitlog_offset = int(units.commitlog_offsets[end - 1])
             if end < upf:

@@ -76,6 +76,9 @@ _SIZE_AT: Final = 8  # byte position of the size field in a record (tombstones z
 assert SHARED_RECORD.fields is not None and SHARED_RECORD.fields["size"][1] == _SIZE_AT
 _FILE_NAME_FORMAT: Final = f"%0{FILE_NAME_DIGITS}d"
 FOLLOW_CHUNK_RECORDS: Final = 4096  # records a reader's follow() scans per step (160 KiB)
+#: follow()'s first step: a follower looks often and finds a few new records, or none
+#: (a scan of the whole chunk was 9 µs of it, per look); 2.5 KiB.
+FOLLOW_FIRST_RECORDS: Final = 64
 
 
 class SharedUnitLog:
@@ -715,6 +718,7 @@ class SharedUnitLog:
         if self._end > 0 and not self._last_record_intact():
             self.refresh()
             return
+        chunk = FOLLOW_FIRST_RECORDS
         while True:
             file_index, in_file = divmod(self._end, self._rpf)
             if file_index >= self._file_hi:
@@ -723,7 +727,8 @@ class SharedUnitLog:
                 if self._file_lo == self._file_hi:
                     self._file_lo = file_index
                 self._file_hi = file_index + 1
-            records = self._map(file_index)[in_file : in_file + FOLLOW_CHUNK_RECORDS]
+            records = self._map(file_index)[in_file : in_file + chunk]
+            chunk = FOLLOW_CHUNK_RECORDS
             used = (records["size"] != 0) | (records["commitlog_offset"] != 0)
             taken = len(records) if used.all() else int(np.argmin(used))
             if taken == 0:

@@ -161,8 +161,9 @@ class StoreReader:
             offset += taken
             count += taken
             # get_range stops at a file's end, at the shared log's end and at max_offset:
-            # only the first two need another call.
-            if count == max_messages or budget == 0 or offset >= queue.max_offset:
+            # only the first two need another call. The max offset it stopped at, not a
+            # new one: a read-only queue would re-read the writer's files a second time.
+            if count == max_messages or budget == 0 or offset >= queue.known_max_offset:
                 break
         assert count <= max_messages
         return runs

@@ -88,6 +88,52 @@ def test_written_end_finds_the_run_end(tmp_path: object, written: int) -> None:
     assert mapped.written_end(min(written, 1), 9) == max(written, min(written, 1))
 
 
+@pytest.mark.parametrize("written", [0, 1, 2, 30, 63, 64, 65, 199, 200])
+@pytest.mark.parametrize("start", [0, 1, 17])
+def test_followed_end_finds_the_run_end(tmp_path: object, written: int, start: int) -> None:
+    """The window of FOLLOW_WINDOW_UNITS (64) units, a run past it (the search), and a
+    window that would reach the file's end (the search) agree with written_end."""
+    upf = 200
+    path = os.path.join(str(tmp_path), "u")
+    MappedUnitFile.create(path, upf, 0, np.zeros(1, dtype=UNIT))
+    mapped = MappedUnitFile.open(path, upf, read_only=False)
+    mapped.units[:written] = units_of(list(range(10, 10 + written)))
+    start = min(start, written)
+    floor = 9 + start
+    assert mapped.followed_end(start, floor) == mapped.written_end(start, floor) == written
+
+
+@pytest.mark.parametrize(
+    ("offsets", "bad"),
+    [
+        ([10, 20, 15, 40], 2),  # written_end's search never probes unit 2
+        ([10, 20, 20], 2),  # not above the one before
+        ([5, 20], 0),  # not above the floor (9)
+    ],
+)
+def test_followed_end_checks_every_unit_of_the_run(
+    tmp_path: object, offsets: list[int], bad: int
+) -> None:
+    path = os.path.join(str(tmp_path), "u")
+    MappedUnitFile.create(path, 200, 0, units_of(offsets))
+    mapped = MappedUnitFile.open(path, 200, read_only=True)
+    with pytest.raises(CorruptDataError) as caught:
+        mapped.followed_end(0, 9)
+    assert caught.value.path == path
+    assert caught.value.position == bad * UNIT.itemsize
+
+
+def test_followed_end_refuses_a_negative_size(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "u")
+    units = units_of([10, 20, 30])
+    units["size"][1] = -1
+    MappedUnitFile.create(path, 200, 0, units)
+    mapped = MappedUnitFile.open(path, 200, read_only=True)
+    with pytest.raises(CorruptDataError) as caught:
+        mapped.followed_end(0, 9)
+    assert caught.value.position == UNIT.itemsize
+
+
 def test_written_end_detects_disorder(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "u")
     MappedUnitFile.create(path, UPF, 0, units_of([10, 20, 30, 40, 50, 60, 6]))

@@ -227,6 +227,30 @@ def test_reload_keeps_units_and_order(tmp_path: Any) -> None:
     again.close()
 
 
+@pytest.mark.parametrize("appended", [0, 1, 63, 64, 65, 300])
+def test_follow_takes_what_the_writer_appended_past_its_first_look(
+    tmp_path: Any, appended: int
+) -> None:
+    """follow() looks at FOLLOW_FIRST_RECORDS (64) records first, then goes on in
+    chunks: a follower sees exactly what the writer appended, however much."""
+    directory = str(tmp_path / "t" / ".shared")
+    shared = SharedUnitLog.open(directory, 1000, read_only=False)
+    rows = [(q % 2, q // 2, 100 + q, 50, 7, 9) for q in range(10)]
+    assert shared.append(*_columns(rows)) == 10  # type: ignore[arg-type]
+    follower = SharedUnitLog.open(directory, 1000, read_only=True)
+    rows = [(q % 2, q // 2, 100 + q, 50, 7, 9) for q in range(10, 10 + appended)]
+    if rows:
+        assert shared.append(*_columns(rows)) == appended  # type: ignore[arg-type]
+    follower.follow()
+    ends = {q: (run.first_offset, run.end) for q, run in follower.runs.items()}
+    assert ends == {q: (run.first_offset, run.end) for q, run in shared.runs.items()}
+    assert ends[1] == (0, (10 + appended) // 2)
+    last = 9 + appended
+    assert follower.units(last % 2, last // 2, 1)["commitlog_offset"].tolist() == [100 + last]
+    follower.close()
+    shared.close()
+
+
 def test_a_new_file_has_a_durable_size_before_its_name(tmp_path: Any, syscalls: Any) -> None:
     """Regression (power-loss harness, seed 14000064): a shared file's name became
     durable (by a later fsync of its directory) while its size did not, and after the

@@ -30,7 +30,7 @@ from mqstore import batch as batch_module
 from mqstore.commitlog import columns
 from mqstore.commitlog.native import NATIVE
 from mqstore.commitlog_engine import KEY_PROPERTY
-from mqstore.consumequeue import ConsumeQueue
+from mqstore.consumequeue import ConsumeQueue, queue_shared
 from tests import strategies as s
 from tests.mqstore.conftest import SMALL
 
@@ -246,6 +246,36 @@ def test_a_read_to_the_max_offset_asks_the_consume_queue_once(open_store, monkey
     calls.clear()
     assert store.get_batch("t", 0, 60, 1000).queue_offsets.tolist() == list(range(60, 100))
     assert calls == [(60, 1000), (64, 996)]
+
+
+def test_a_followers_read_re_reads_the_writers_queue_files_once(open_store, monkeypatch) -> None:
+    """A read-only get_batch follows the writer's appends once per get_range call,
+    not again to learn where get_range stopped; it still sees units written after
+    its last look, and goes on past a ConsumeQueue file's end."""
+    writer = open_store(CONFIG)
+    writer.put_batch("t", 0, [b"x"] * 100)  # ConsumeQueue files of 64 units
+    assert writer.max_offset("t", 0) == 100  # dispatched (a read catches up)
+    follower = open_store(CONFIG, path=writer.root, read_only=True)
+    assert follower.max_offset("t", 0) == 100
+    writer.put_batch("t", 0, [b"y"] * 10)
+    assert writer.max_offset("t", 0) == 110
+    refreshes: list[int] = []
+    refresh_max = queue_shared.refresh_max
+
+    def counted(queue: ConsumeQueue) -> None:
+        refreshes.append(queue._max_offset)
+        refresh_max(queue)
+
+    monkeypatch.setattr(queue_shared, "refresh_max", counted)
+    batch = follower.get_batch("t", 0, 60, 1000)
+    assert batch.queue_offsets.tolist() == list(range(60, 110))  # across the file's end
+    assert batch.values()[-10:] == [b"y"] * 10  # written after the follower's last look
+    assert refreshes == [100, 110]  # one per get_range call; before: [100, 110, 110]
+    refreshes.clear()
+    writer.put_batch("t", 0, [b"z"] * 5)
+    assert writer.max_offset("t", 0) == 115
+    assert follower.get_batch("t", 0, 110, 1000).values() == [b"z"] * 5
+    assert refreshes == [110]  # before: [110, 115]
 
 
 def test_every_array_of_a_batch_is_read_only(open_store) -> None:
