@@ -63,6 +63,7 @@ from mqstore.consumequeue.mapped_file import (
     sync_path,
 )
 from mqstore.consumequeue.shared_ends import read_ends, write_ends
+from mqstore.consumequeue.shared_published import PublishedEnd
 from mqstore.consumequeue.shared_runs import SharedRun, runs_append
 
 __all__ = ["RESERVE_CHUNK_BYTES", "SharedRun", "SharedUnitLog", "SharedVerifier"]
@@ -105,6 +106,7 @@ class SharedUnitLog:
         self._unsynced: set[int] = set()  # files written since the last flush
         self._directories_changed = False
         self._ends: dict[int, int] = {}  # the ``ends`` file: queue id -> next offset
+        self._published = PublishedEnd(directory, read_only)  # whole records, for followers
 
     @classmethod
     def open(
@@ -244,6 +246,7 @@ class SharedUnitLog:
             self._unsynced.add(file_index)
             done += take
             self._end = first + done
+            self._published.set(self._end)  # whole now: followers may take them
 
     def _create_file(self, file_index: int) -> None:
         """Create the next file (full size, sparse) and make it the one written."""
@@ -306,6 +309,7 @@ class SharedUnitLog:
         if cut >= self._end:
             return 0
         assert cut >= self._file_lo * self._rpf
+        self._published.set(cut)  # before any record goes: followers stop below the cut
         file_index, in_file = divmod(cut, self._rpf)
         dropped = 0
         for index in range(file_index, self._file_hi):
@@ -491,6 +495,8 @@ class SharedUnitLog:
             self._file_lo = self._file_hi = self._end = 0
             self._last_commitlog_offset = -1
             self._seed_ends()
+            if not self.read_only and os.path.isdir(self.directory):
+                self._published.set(0)
             return
         self._file_lo, self._file_hi = indexes[0], indexes[-1] + 1
         newest = self._file_hi - 1
@@ -498,6 +504,11 @@ class SharedUnitLog:
         if not self.read_only:
             self._fd = os.open(self._path(newest), os.O_RDWR | os.O_CLOEXEC)
             self._reserved_end = self._end - newest * self._rpf
+            self._published.set(self._end)
+        else:  # not past what the writer published: a record past it may be half written
+            published = self._published.get()
+            if published is not None:
+                self._end = min(self._end, max(published, self._file_lo * self._rpf))
         self._build_runs(check_order)
 
     def _list(self) -> list[int]:
@@ -701,6 +712,7 @@ class SharedUnitLog:
     def close(self) -> None:
         """Drop the mappings and the writer's descriptor (flush first)."""
         self._records.clear()
+        self._published.close()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -719,7 +731,12 @@ class SharedUnitLog:
             self.refresh()
             return
         chunk = FOLLOW_FIRST_RECORDS
+        published = self._published.get()  # first: no record at or past it is whole
         while True:
+            if published is not None:
+                if self._end >= published:
+                    return
+                chunk = min(chunk, published - self._end)
             file_index, in_file = divmod(self._end, self._rpf)
             if file_index >= self._file_hi:
                 if not os.path.exists(self._path(file_index)):

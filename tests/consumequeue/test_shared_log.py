@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mqstore.commitlog.errors import CorruptDataError, DiskFullError
 from mqstore.commitlog.native import NATIVE
-from mqstore.consumequeue import shared_log
+from mqstore.consumequeue import shared_log, shared_published
 from mqstore.consumequeue.format import (
     SHARED_RECORD,
     SHARED_RECORD_SIZE_BYTES,
@@ -217,7 +217,7 @@ def test_reload_keeps_units_and_order(tmp_path: Any) -> None:
     shared.flush()
     shared.close()
     names = sorted(os.listdir(directory))
-    assert names == [_name(i) for i in range(3)]
+    assert names == [_name(i) for i in range(3)] + [shared_published.PUBLISHED_FILE]
     again = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
     assert {q: (run.first_offset, run.end) for q, run in again.runs.items()} == {
         0: (0, 4), 1: (0, 4), 2: (0, 4),
@@ -563,3 +563,93 @@ def test_a_failed_write_leaves_the_runs_as_they_were(
         assert list(shared.runs[0]) == [0, 2, 5] and shared.runs[1].first_offset == 20
     finally:
         shared.close()
+
+
+def _torn_pwrite(monkeypatch: Any, look: Any) -> list[int]:
+    """Make the shared log's next pwrite land the first 8 bytes (the commitlog offset) of
+    its last record, call ``look()``, then write the rest: what a follower can see
+    while the kernel copies a record that straddles two pages. Returns the calls made."""
+    real = os.pwrite
+    calls: list[int] = []
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if calls or len(data) < SHARED_RECORD_SIZE_BYTES:
+            return real(fd, data, offset)
+        calls.append(offset)
+        last = len(data) - SHARED_RECORD_SIZE_BYTES
+        real(fd, data[: last + 8], offset)
+        look()
+        return real(fd, data[last + 8 :], offset + last + 8) + last + 8
+
+    monkeypatch.setattr(shared_log.os, "pwrite", pwrite)
+    return calls
+
+
+def test_a_follower_never_takes_a_half_written_record(tmp_path: Any, monkeypatch: Any) -> None:
+    """A record whose commitlog offset landed and whose size did not looks like a
+    tombstone; a follower that took it stepped past it and began the queue's run
+    afresh at its next record, losing the units before (a review's reproducer). The
+    writer's published end keeps the follower below it."""
+    directory = str(tmp_path / ".shared")
+    writer = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    writer.append(*_columns([(0, 0, 100, 9, 0, 5), (0, 1, 101, 9, 0, 5)]))  # type: ignore[arg-type]
+    follower = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
+    assert list(follower.runs[0].positions) == [0, 1]
+    seen: list[int] = []
+
+    def look() -> None:
+        follower.follow()
+        seen.append(follower.end_record)
+
+    calls = _torn_pwrite(monkeypatch, look)
+    writer.append(*_columns([(0, 2, 102, 9, 0, 5)]))  # type: ignore[arg-type]
+    assert calls and seen == [2]  # the half-written record 2 was not taken
+    monkeypatch.undo()
+    writer.append(*_columns([(0, 3, 103, 9, 0, 5)]))  # type: ignore[arg-type]
+    follower.follow()
+    run = follower.runs[0]
+    assert (run.first_offset, run.end) == (0, 4)
+    assert follower.units(0, 0, 4)["commitlog_offset"].tolist() == [100, 101, 102, 103]
+    # A reload (refresh) stops at the published end too.
+    calls = _torn_pwrite(monkeypatch, follower.refresh)
+    writer.append(*_columns([(0, 4, 104, 9, 0, 5)]))  # type: ignore[arg-type]
+    monkeypatch.undo()
+    follower.follow()
+    assert follower.units(0, 0, 5)["commitlog_offset"].tolist() == [100, 101, 102, 103, 104]
+    follower.close()
+    writer.close()
+
+
+def test_a_follower_stops_below_a_cut_the_writer_has_begun(tmp_path: Any) -> None:
+    """A cut lowers the published end before any record is zeroed or deleted."""
+    directory = str(tmp_path / ".shared")
+    writer = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    rows = [(0, q, 100 + q, 9, 0, 5) for q in range(8)]  # 2 files
+    assert writer.append(*_columns(rows)) == 8  # type: ignore[arg-type]
+    published = shared_published.PublishedEnd(directory, read_only=True)
+    assert published.get() == 8
+    assert writer.truncate_beyond(106) == 2
+    assert published.get() == 6
+    follower = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
+    assert follower.end_record == 6 and follower.runs[0].end == 6
+    published.close()
+    follower.close()
+    writer.close()
+
+
+def test_a_log_without_a_published_end_is_followed_as_before(tmp_path: Any) -> None:
+    """A writer of an older version publishes nothing: its followers take records up
+    to the first unused one."""
+    directory = str(tmp_path / ".shared")
+    writer = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=False)
+    writer.append(*_columns([(0, 0, 100, 9, 0, 5)]))  # type: ignore[arg-type]
+    os.unlink(os.path.join(directory, shared_published.PUBLISHED_FILE))
+    writer._published = shared_published.PublishedEnd(directory + "-elsewhere", False)
+    os.makedirs(directory + "-elsewhere")
+    follower = SharedUnitLog.open(directory, RECORDS_PER_FILE, read_only=True)
+    writer.append(*_columns([(0, 1, 101, 9, 0, 5), (1, 0, 102, 9, 0, 5)]))  # type: ignore[arg-type]
+    follower.follow()
+    assert follower.end_record == 3
+    assert follower.units(0, 0, 2)["commitlog_offset"].tolist() == [100, 101]
+    follower.close()
+    writer.close()
