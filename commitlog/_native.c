@@ -2,9 +2,9 @@
  * commitlog._native: the hot loops of the record format, in C.
  *
  * The format itself is declared once, in commitlog/record_format.py; this file
- * follows it and commitlog/native.py holds the pure-Python version of every function here (the
- * fallback when this module did not build, and the reference the tests compare it
- * with). Nothing here allocates Python objects per record: the callers pass buffers
+ * follows it, and commitlog/record.py holds the pure-Python version of every function
+ * here (the fallback when this module did not build, and the reference the tests
+ * compare it with). Nothing here allocates Python objects per record: the callers pass buffers
  * and numpy arrays, and get counts or positions back. The record layout, XXH64 and
  * the helpers live in _native.h; the checks of written records (scan_records,
  * verify_records, gather) in _scan.c; the columnar read (read_columns, slices, rows

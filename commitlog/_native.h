@@ -38,7 +38,8 @@
 enum { UNIT_AT_COMMITLOG_OFFSET = 0, UNIT_AT_SIZE = 8, UNIT_AT_TAG_HASH = 12, UNIT_SIZE = 20 };
 
 /* Field offsets of the header above. commitlog/native.py compares every one of these
- * (and the sizes and magics) with commitlog/record.py at import: LAYOUT in _native.c. */
+ * (and the sizes and magics) with commitlog/record_format.py at import: LAYOUT in
+ * _native.c. */
 enum {
     AT_TOTAL_SIZE = 0,
     AT_MAGIC = 4,

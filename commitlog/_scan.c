@@ -2,8 +2,8 @@
  * commitlog._native, the checks of records already written: scan_records (the
  * recovery scan's walk of a file, verifying every record, optionally giving the
  * dispatch columns), verify_records (the checksums of records at known positions)
- * and gather (copy many byte ranges into one buffer). commitlog/record.py holds the
- * pure-Python twin of each; tests/commitlog/test_native.py compares them and
+ * and gather (copy many byte ranges into one buffer). commitlog/record_read.py holds
+ * the pure-Python twin of each; tests/commitlog/test_native.py compares them and
  * tests/commitlog/test_native_fuzz.py fuzzes them. All run without the GIL.
  */
 #include "_native.h"

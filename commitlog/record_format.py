@@ -114,7 +114,7 @@ def checksum(record: bytes | memoryview, total_size: int, magic: int) -> int:
     return _hash(record, total_size | magic << 32)
 
 
-#: Why scan_records stopped (the C enum SCAN_* in commitlog/_native.c).
+#: Why scan_records stopped (the C enum SCAN_* in commitlog/_native.h).
 SCAN_FULL: Final = 0  # the output arrays are full: call again from ``end``
 SCAN_ZEROS: Final = 1  # zeros: the unwritten rest of the file, the end of the log
 SCAN_BLANK: Final = 2  # an end-of-file blank record: ``end`` is the file's end
