@@ -57,6 +57,7 @@ __all__ = [
     "remove_file",
     "sync_filesystem",
     "sync_path",
+    "sync_paths",
 ]
 
 FILE_MODE: Final = 0o644
@@ -625,3 +626,15 @@ def remove_file(path: str) -> None:
         pass
     except OSError as error:
         raise _wrap_os_error(error, f"remove {path}") from error
+
+
+def sync_paths(files: list[str], directories: list[str]) -> None:
+    """fdatasync ``files``, then fsync ``directories`` (a shared log's ``take_unsynced`` lists).
+
+    Raises:
+        DiskFullError, StoreError: a sync failed.
+    """
+    for path in files:
+        sync_path(path)
+    for directory in directories:
+        sync_path(directory, directory=True)

@@ -46,6 +46,7 @@ from mqstore.consumequeue import queue_shared
 from mqstore.consumequeue.config import ConsumeQueueConfig
 from mqstore.consumequeue.consume_queue import ConsumeQueue
 from mqstore.consumequeue.format import SHARED_DIRECTORY
+from mqstore.consumequeue.mapped_file import sync_paths
 from mqstore.consumequeue.queue_files import QueueContext
 from mqstore.consumequeue.shared_log import SharedRun, SharedUnitLog
 
@@ -452,9 +453,10 @@ class ConsumeQueueStore:
         self._check_open()
         if not self.read_only:
             self._ctx.cache.flush()
-            with self._ctx.lock:
-                for shared in list(self._logs.values()):
-                    shared.flush()
+            with self._ctx.lock:  # what to sync; the syncs outside: dispatch goes on
+                taken = [shared.take_unsynced() for shared in list(self._logs.values())]
+            for files, directories in taken:
+                sync_paths(files, directories)
 
     def sync_everything(self) -> None:
         """Make every file and directory of the ConsumeQueue tree durable, written by

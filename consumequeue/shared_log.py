@@ -60,11 +60,11 @@ from mqstore.consumequeue.mapped_file import (
     make_directories,
     remove_file,
     reserve,
-    sync_path,
+    sync_paths,
 )
 from mqstore.consumequeue.shared_ends import read_ends, write_ends
 from mqstore.consumequeue.shared_published import PublishedEnd
-from mqstore.consumequeue.shared_runs import SharedRun, runs_append
+from mqstore.consumequeue.shared_runs import SharedRun, runs_append, take_records
 
 __all__ = ["RESERVE_CHUNK_BYTES", "SharedRun", "SharedUnitLog", "SharedVerifier"]
 
@@ -699,15 +699,21 @@ class SharedUnitLog:
         Raises:
             DiskFullError, StoreError: a sync failed.
         """
-        for file_index in sorted(self._unsynced):
-            if self._file_lo <= file_index < self._file_hi:
-                sync_path(self._path(file_index))
+        sync_paths(*self.take_unsynced())
+
+    def take_unsynced(self) -> tuple[list[str], list[str]]:
+        """The files written and the directories changed since the last call (the
+        caller syncs them, ``sync_paths``: outside the store lock, so that dispatch
+        and reads do not wait for the disk; a file deleted meanwhile needs none)."""
+        files = [self._path(index) for index in sorted(self._unsynced)
+                 if self._file_lo <= index < self._file_hi]  # fmt: skip
         self._unsynced.clear()
+        directories: list[str] = []
         if self._directories_changed:
             self._directories_changed = False
             topic_directory = os.path.dirname(self.directory)
-            for directory in (self.directory, topic_directory, os.path.dirname(topic_directory)):
-                sync_path(directory, directory=True)
+            directories = [self.directory, topic_directory, os.path.dirname(topic_directory)]
+        return files, directories
 
     def close(self) -> None:
         """Drop the mappings and the writer's descriptor (flush first)."""
@@ -750,7 +756,7 @@ class SharedUnitLog:
             taken = len(records) if used.all() else int(np.argmin(used))
             if taken == 0:
                 return
-            self._take(records[:taken], self._end)
+            take_records(self.runs, records[:taken], self._end)
             self._end += taken
             self._last_commitlog_offset = int(records["commitlog_offset"][taken - 1])
             if taken < len(records):
@@ -765,22 +771,6 @@ class SharedUnitLog:
         except CorruptDataError:  # the file is gone
             return False
         return int(record["commitlog_offset"]) == self._last_commitlog_offset
-
-    def _take(self, records: np.ndarray, first: int) -> None:
-        """Add appended records to the runs (the rule of ``_build_runs``: a record
-        that does not continue its queue's run starts the run afresh)."""
-        runs = self.runs
-        for position, (size, queue_id, queue_offset) in enumerate(
-            zip(records["size"].tolist(), records["queue_id"].tolist(),
-                records["queue_offset"].tolist(), strict=True),
-            first,
-        ):  # fmt: skip
-            if size == 0:
-                continue
-            run = runs.get(queue_id)
-            if run is None or not run.positions or run.end != queue_offset:
-                run = runs[queue_id] = SharedRun(queue_offset)
-            run.positions.append(position)
 
     def _remember_ends(self, floor: int) -> None:
         """Before records below ``floor`` are deleted: remember the next offset of

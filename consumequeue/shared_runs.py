@@ -26,7 +26,7 @@ import numpy as np
 from mqstore.commitlog.columns import untracked_int_array as _untracked
 from mqstore.commitlog.native import NATIVE
 
-__all__ = ["SharedRun", "runs_append", "runs_append_py"]
+__all__ = ["SharedRun", "runs_append", "runs_append_py", "take_records"]
 
 _new_array: Final = array.__new__
 
@@ -123,3 +123,20 @@ def runs_append_py(
 
 _INT64_MAX: Final = 2**63 - 1
 runs_append: Final = runs_append_py if NATIVE is None else NATIVE.runs_append
+
+
+def take_records(runs: dict[int, SharedRun], records: np.ndarray, first: int) -> None:
+    """A follower's ``runs`` take appended shared records (SHARED_RECORD, the first at
+    record index ``first``), as the log builds its runs: a tombstone (size 0) is
+    skipped, and a record that does not continue its queue's run starts it afresh."""
+    for position, (size, queue_id, queue_offset) in enumerate(
+        zip(records["size"].tolist(), records["queue_id"].tolist(),
+            records["queue_offset"].tolist(), strict=True),
+        first,
+    ):  # fmt: skip
+        if size == 0:
+            continue
+        run = runs.get(queue_id)
+        if run is None or not run.positions or run.end != queue_offset:
+            run = runs[queue_id] = SharedRun(queue_offset)
+        run.positions.append(position)

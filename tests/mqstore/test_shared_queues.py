@@ -8,6 +8,7 @@ the file-level tests, these turn it on.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -169,3 +170,40 @@ def test_many_queues_put_and_dispatch_without_a_queue_object(tmp_path):
         for queue_id, count in counts.items():
             assert store.max_offset("t", queue_id) == count
         assert _bodies(store, "t", 3) == [b"3-0", b"3-1", b"3-2", b"again"]
+
+
+def test_the_shared_logs_sync_outside_the_store_lock(tmp_path, monkeypatch):
+    """The checkpoint's flush takes the shared logs' unsynced files under the
+    ConsumeQueue store lock and syncs them after: dispatch and reads, which take that
+    lock, never wait for the disk (they did, for every shared log's fdatasync)."""
+    from mqstore.consumequeue import queue_store
+
+    store = MessageStore.open(tmp_path / "s", CONFIG)
+    try:
+        store.create_topic("t", 8)
+        for queue_id in range(8):
+            store.put("t", queue_id, b"x")
+        assert store.get("t", 7, 0, 1)  # dispatched: the units are in the shared log
+        lock = store.consume_queues._ctx.lock
+        synced: list[tuple[list[str], bool]] = []
+        real = queue_store.sync_paths
+
+        def try_lock(taken: list[bool]) -> None:  # in another thread: dispatch's place
+            taken.append(lock.acquire(timeout=2))
+            if taken[0]:
+                lock.release()
+
+        def sync_paths(files, directories):
+            taken: list[bool] = []
+            other = threading.Thread(target=try_lock, args=(taken,))
+            other.start()
+            other.join()
+            synced.append((files, taken[0]))
+            real(files, directories)
+
+        monkeypatch.setattr(queue_store, "sync_paths", sync_paths)
+        store.consume_queues.flush()
+        assert synced and synced[0][0]  # a shared log file was synced...
+        assert all(free for _, free in synced)  # ...with the lock free
+    finally:
+        store.close()

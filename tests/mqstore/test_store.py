@@ -26,7 +26,7 @@ from mqstore import (
 )
 from mqstore.commitlog import lock
 from mqstore.commitlog.checkpoint import CheckpointFile
-from mqstore.consumequeue import file_cache, shared_log
+from mqstore.consumequeue import file_cache, mapped_file
 from mqstore.consumequeue.format import TIME_HEADER_SIZE_BYTES
 from mqstore.indexfile import IndexService
 from tests.mqstore.conftest import SMALL
@@ -221,7 +221,7 @@ def test_a_crash_reopen_syncs_nothing_it_cannot_claim(tmp_path, small_config, mo
         return real_sync(target, *args, **kwargs)
 
     monkeypatch.setattr(file_cache, "sync_path", counting)
-    monkeypatch.setattr(shared_log, "sync_path", counting)
+    monkeypatch.setattr(mapped_file, "sync_path", counting)  # the shared logs' (sync_paths)
     with MessageStore.open(path, small_config) as store:
         assert store.recovered_from_crash
         assert store.max_offset("t", 1) == 200
