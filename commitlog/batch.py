@@ -37,6 +37,7 @@ from mqstore.commitlog.record import (
 
 __all__ = [
     "BATCH_MESSAGES_MAX",
+    "BYTES_LIKE",
     "Encoded",
     "PreparedBatch",
     "Trailer",
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 BATCH_MESSAGES_MAX = 1 << 20  # one batch holds the append lock; bound how long
-_BYTES_LIKE = (bytes, bytearray, memoryview)
+BYTES_LIKE = (bytes, bytearray, memoryview)  # what a body may be (None aside)
 
 #: One record of a batch with keys, properties or per-record tags or timestamps:
 #: (size, flags, tag, keys, properties, body, born_ts_ms or None), sections encoded.
@@ -156,7 +157,7 @@ def prepare_batch(
     bad = check_bodies(plain_bodies, fixed, limit_bytes, sizes)
     if bad >= 0:
         body = plain_bodies[bad]
-        if body is not None and not isinstance(body, _BYTES_LIKE):
+        if body is not None and not isinstance(body, BYTES_LIKE):
             raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
         raise LimitExceededError(
             f"record {bad} of {fixed + len(body or b'')} bytes exceeds the limit of {limit_bytes}"
@@ -276,7 +277,7 @@ def encode_batch(
         if type(body) is not bytes:
             if body is None:
                 flags, body = FLAG_NULL_BODY | extra_flags, b""
-            elif not isinstance(body, _BYTES_LIKE):
+            elif not isinstance(body, BYTES_LIKE):
                 raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
         tag_b = shared_tag if shared_tag is not None else encode_tag(tags[index])  # type: ignore[index]
         keys_b = encode_keys(keys[index]) if keys is not None else b""

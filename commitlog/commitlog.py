@@ -52,6 +52,7 @@ from mqstore.commitlog.appender import (
 )
 from mqstore.commitlog.batch import (
     BATCH_MESSAGES_MAX,
+    BYTES_LIKE,
     check_queue_id,
     check_timestamp,
 )
@@ -99,7 +100,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NOT_ARMED = 1 << 62  # a prepare-next threshold no write position reaches
-_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 _time_ns = time.time_ns
@@ -470,7 +470,7 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
             if body is None:
                 flags = FLAG_NULL_BODY
                 body = b""
-            elif not isinstance(body, _BYTES_LIKE):
+            elif not isinstance(body, BYTES_LIKE):
                 raise InvalidTypeError(f"body must be bytes-like, not {type(body).__name__}")
         tag_bytes = encode_tag(tag) if tag else b""
         keys_bytes = encode_keys(keys) if keys else b""

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mqstore.commitlog.batch import BYTES_LIKE
 from mqstore.commitlog.config import CommitLogConfig
 from mqstore.commitlog.errors import (
     DiskFullError,
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from mqstore.commitlog.allocator import AllocationService
 
 __all__ = ["ReplicaLog"]
-
-_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 class ReplicaLog:
@@ -106,7 +105,7 @@ class ReplicaLog:
         """
         if type(position) is not int or position < 0:
             raise InvalidTypeError(f"position must be an int >= 0, not {position!r}")
-        if not isinstance(data, _BYTES_LIKE):
+        if not isinstance(data, BYTES_LIKE):
             raise InvalidTypeError(f"data must be bytes-like, not {type(data).__name__}")
         if position != self._appender.write_position:  # before any work; again under the lock
             raise ReplicaPositionError(position, self._appender.write_position)
