@@ -76,8 +76,8 @@ _COLUMNS: Final = 8
 # record (a waiting reader's, at a low rate) costs microseconds, not numpy calls.
 SMALL_WRITE_UNITS: Final = 8
 # Up to this many units, _publish finds the touched slots with a dict over a list, not
-# np.unique and a fancy index of the table: both release the GIL for any length (numpy
-# 2.x), and a released GIL goes to the writer thread, which keeps it until it sleeps
+# a sort (_distinct) and a fancy index of the table: both release the GIL for any
+# length (numpy 2.x), and a released GIL goes to the writer thread, which keeps it until it sleeps
 # (docs/VISIBILITY.md, stop 29). The bound is write_units' own: it keeps the GIL below
 # 256 units too, and the list path costs ~0.15 us a unit, 40 us at the bound.
 PUBLISH_LIST_UNITS_MAX: Final = 256
@@ -461,12 +461,12 @@ class TailWriter:
 
     def _publish(self, written: np.ndarray) -> None:
         """Tell the queues C wrote to their new tails, and mark their files dirty."""
-        if len(written) <= PUBLISH_LIST_UNITS_MAX:  # no np.unique: see the bound
+        if len(written) <= PUBLISH_LIST_UNITS_MAX:  # no sort: see the bound
             item = self._table.item
             touched = list(dict.fromkeys(written.tolist()))
             rows = [[item(slot, _NEXT), item(slot, _LAST_CLOG)] for slot in touched]
         else:
-            unique = np.unique(written)
+            unique = _distinct(written)
             touched = unique.tolist()
             rows = self._table[unique][:, (_NEXT, _LAST_CLOG)].tolist()
         queues, refs = self._queues, self._refs
@@ -531,3 +531,16 @@ def _limit_of(queue: ConsumeQueue | None, shared_limit: int | None) -> int:
         return queue.append_limit()
     assert shared_limit is not None  # a queue is built exactly when the log cannot say
     return shared_limit
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-D int array, ascending: what ``np.unique(values)``
+    returns, without it. numpy 2.x's ``np.unique`` imports numpy.ma on its first call
+    in a process (15-30 ms, in the middle of a dispatch round that a reader waits
+    for: docs/VISIBILITY.md, stop 31), and its hash path takes about 10x longer than
+    a sort for the few thousand slots of a round."""
+    ordered = np.sort(values)
+    keep = np.empty(len(ordered), dtype=np.bool_)
+    keep[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]

@@ -5,6 +5,8 @@ cache evictions, re-puts of stored units, truncations and reopening."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from mqstore.commitlog.errors import CorruptDataError, InvalidArgumentError
 from mqstore.commitlog.native import NATIVE
 from mqstore.consumequeue import ConsumeQueueConfig, ConsumeQueueStore
-from mqstore.consumequeue.tail_writer import PUBLISH_LIST_UNITS_MAX, TailWriter
+from mqstore.consumequeue.tail_writer import PUBLISH_LIST_UNITS_MAX, TailWriter, _distinct
 
 TOPIC = "t"
 
@@ -301,8 +303,8 @@ def test_slots_below_and_past_the_array_ids(tmp_path) -> None:
 
 
 def test_a_write_past_the_list_bound_writes_what_put_writes(tmp_path) -> None:
-    """_publish takes np.unique past PUBLISH_LIST_UNITS_MAX units, a list below it:
-    both leave the files put would leave."""
+    """_publish sorts the slots past PUBLISH_LIST_UNITS_MAX units (_distinct), takes a
+    list below it: both leave the files put would leave."""
     queues = [index % 5 for index in range(PUBLISH_LIST_UNITS_MAX + 40)]
     _run(str(tmp_path / "long"), [("write", queues), ("write", queues[:9])], 64, False)
 
@@ -311,8 +313,8 @@ def test_a_write_past_the_list_bound_writes_what_put_writes(tmp_path) -> None:
 def test_a_round_below_the_list_bound_calls_no_numpy_that_drops_the_gil(
     tmp_path, monkeypatch
 ) -> None:
-    """np.unique releases the GIL for any length (numpy 2.x), which hands it to the
-    writer thread: a write of up to PUBLISH_LIST_UNITS_MAX units must not call it."""
+    """np.sort and np.unique release the GIL for any length (numpy 2.x), which hands it
+    to the writer thread: a write of up to PUBLISH_LIST_UNITS_MAX units calls neither."""
     store = ConsumeQueueStore.open(
         str(tmp_path), ConsumeQueueConfig(units_per_file=4096, max_open_files=64)
     )
@@ -324,10 +326,11 @@ def test_a_round_below_the_list_bound_calls_no_numpy_that_drops_the_gil(
         tail.write(slots, offsets, np.arange(6) * 100, np.full(6, 90, np.int32),
                    np.zeros(6, np.int64), np.full(6, 7))  # fmt: skip
 
-        def no_unique(*args, **kwargs):
-            raise AssertionError("np.unique in a small round")
+        def no_sort(*args, **kwargs):
+            raise AssertionError("np.sort or np.unique in a small round")
 
-        monkeypatch.setattr(np, "unique", no_unique)
+        monkeypatch.setattr(np, "unique", no_sort)
+        monkeypatch.setattr(np, "sort", no_sort)
         count = PUBLISH_LIST_UNITS_MAX // 3 * 3  # whole turns of the three queues
         slots = np.array([tail.slot_of(TOPIC, index % 3) for index in range(count)], np.int32)
         offsets = np.arange(count) // 3 + 2
@@ -338,3 +341,44 @@ def test_a_round_below_the_list_bound_calls_no_numpy_that_drops_the_gil(
     finally:
         tail.detach_all()
         store.close()
+
+
+@given(
+    st.lists(st.integers(-(2**31), 2**31 - 1), max_size=600), st.sampled_from([np.int32, np.int64])
+)
+def test_distinct_is_np_unique(values, dtype) -> None:
+    array = np.array(values, dtype=dtype)
+    got = _distinct(array)
+    assert got.dtype == array.dtype
+    assert got.tolist() == np.unique(array).tolist()
+
+
+def test_a_long_round_imports_nothing(tmp_path) -> None:
+    """np.unique imported numpy.ma on its first call in a process: 15-30 ms inside the
+    first dispatch round past PUBLISH_LIST_UNITS_MAX units, while readers waited
+    (docs/VISIBILITY.md, stop 31). A fresh process writes and dispatches such rounds;
+    nothing may be imported meanwhile."""
+    script = f"""
+import sys
+from mqstore import MessageStore, StoreConfig
+store = MessageStore.open({str(tmp_path)!r}, StoreConfig(prewarm=False))
+store.put("t", 0, b"warm")
+store._dispatcher.dispatch_available()
+for index in range({PUBLISH_LIST_UNITS_MAX} * 4):  # both queues get files of their own,
+    store.put("t", index % 2, b"x")  # in rounds below the bound
+    if index % 64 == 0:
+        store._dispatcher.dispatch_available()
+store._dispatcher.dispatch_available()
+before = set(sys.modules)
+for round_ in range(3):
+    for index in range({PUBLISH_LIST_UNITS_MAX} * 2):
+        store.put("t", index % 2, b"y")
+    store._dispatcher.dispatch_available()
+late = sorted(set(sys.modules) - before)
+store.close()
+print(late)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
