@@ -167,6 +167,35 @@ class ConsumeQueueStore:
                 return 0 if run is None else run.end
         return self.queue(topic, queue_id).max_offset
 
+    def max_offsets_of(self, topic: str, queue_ids: list[int]) -> list[int]:
+        """``max_offset_of`` of many queues of one topic (distinct valid ids), in one
+        pass under the lock: a queue with no object and no own files answers from its
+        shared run, the others from their object (built when missing).
+
+        Raises:
+            The errors of ``queue``.
+        """
+        ends: list[int] = []
+        asked: list[int] = []  # indexes of the queues whose object answers
+        with self._ctx.lock:
+            if self.read_only or self._ctx.closed:
+                asked = list(range(len(queue_ids)))
+                ends = [0] * len(queue_ids)
+            else:
+                validate_topic(topic)
+                listed, objects = self._listing(topic), self._queues
+                runs = self.shared_log(topic).runs
+                for index, queue_id in enumerate(queue_ids):
+                    if (topic, queue_id) in objects or (listed and str(queue_id) in listed):
+                        asked.append(index)
+                        ends.append(0)
+                        continue
+                    run = runs.get(queue_id)
+                    ends.append(0 if run is None else run.end)
+        for index in asked:
+            ends[index] = self.queue(topic, queue_ids[index]).max_offset
+        return ends
+
     def next_offsets_without_objects(self, topic: str, partitions: int) -> np.ndarray:
         """``max_offset_of`` of every queue id below ``partitions`` (and SEED_QUEUES_MAX)
         that has no object and no own files, in one pass: an int64 array by queue id,
@@ -271,16 +300,29 @@ class ConsumeQueueStore:
                 & (records["queue_offset"] == queue_offsets) & (records["size"] == sizes)
                 & (records["tag_hash"] == tag_hashes)
             )  # fmt: skip
+            # Per queue its readable run: a queue with no object and no own files has
+            # its run in the log (issue 15: no object per queue when 100,000 queues
+            # re-dispatch); the others ask their object.
+            listed, objects = self._listing(topic), self._queues
             runs: dict[int, SharedRun | None] = {}
-            for unit in np.flatnonzero(matched).tolist():  # is it the run's unit there?
-                queue_id = int(queue_ids[unit])
-                if queue_id not in runs:
-                    runs[queue_id] = queue_shared.shared_run(self.queue(topic, queue_id))
-                run = runs[queue_id]
-                at = int(queue_offsets[unit]) - (0 if run is None else run.first_offset)
-                confirmed[unit] = (
-                    run is not None and 0 <= at < len(run) and run.positions[at] == indexes[unit]
-                )
+            held = []
+            units = np.flatnonzero(matched)
+            for unit, queue_id, queue_offset, index in zip(
+                units.tolist(), queue_ids[units].tolist(), queue_offsets[units].tolist(),
+                indexes[units].tolist(), strict=True,
+            ):  # fmt: skip
+                if queue_id in runs:
+                    run = runs[queue_id]
+                elif (topic, queue_id) in objects or (listed and str(queue_id) in listed):
+                    run = runs[queue_id] = queue_shared.shared_run(self.queue(topic, queue_id))
+                else:
+                    found = shared.runs.get(queue_id)
+                    run = runs[queue_id] = found if found is not None and len(found) else None
+                if run is not None:  # is it the run's unit there?
+                    at = queue_offset - run.first_offset
+                    if 0 <= at < len(run) and run[at] == index:
+                        held.append(unit)
+            confirmed[held] = True
         return confirmed
 
     def _log_of_objectless(self, topic: str, queue_id: int) -> SharedUnitLog | None:

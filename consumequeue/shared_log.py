@@ -577,12 +577,15 @@ class SharedUnitLog:
         breaks = np.flatnonzero(
             (np.diff(queue_offsets, prepend=-2) != 1) | (np.diff(queue_ids, prepend=-1) != 0)
         )
-        for low, high in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            first = int(breaks[np.searchsorted(breaks, high, side="left") - 1])
-            first = max(first, low)
-            run = SharedRun(int(queue_offsets[first]))
-            run.positions.frombytes(positions[first:high].astype(np.int64).tobytes())
-            self.runs[int(queue_ids[low])] = run
+        lows, highs = bounds[:-1], bounds[1:]
+        firsts = np.maximum(breaks[np.searchsorted(breaks, highs, side="left") - 1], lows)
+        raw = positions.astype(np.int64).tobytes()  # every run's record indexes, sliced
+        of_bytes, runs = SharedRun.of_bytes, self.runs
+        for queue_id, first_offset, first, high in zip(
+            queue_ids[lows].tolist(), queue_offsets[firsts].tolist(), (firsts * 8).tolist(),
+            (highs * 8).tolist(), strict=True,
+        ):  # fmt: skip
+            runs[queue_id] = of_bytes(first_offset, raw[first:high])
         self._seed_ends()
 
     def _seed_ends(self) -> None:

@@ -62,6 +62,14 @@ class SharedRun(array):
         run.first_offset = run.min_offset = first_offset
         return _untracked(run)
 
+    @classmethod
+    def of_bytes(cls, first_offset: int, raw: bytes) -> SharedRun:
+        """A run at ``first_offset`` of the record indexes ``raw`` holds (native int64
+        bytes): a log's load makes one per queue (100,000 at 100,000 queues)."""
+        run: SharedRun = _new_array(cls, "q", raw)  # type: ignore[assignment]
+        run.first_offset = run.min_offset = first_offset
+        return _untracked(run)
+
     @property
     def positions(self) -> SharedRun:
         """The record indexes (the run itself)."""

@@ -217,6 +217,29 @@ class TailWriter:
         slot_of = dict(zip(unique, range(first, first + len(unique)), strict=True))
         return [slot_of[queue_id] for queue_id in queue_ids]
 
+    def slots_for(self, topic: str, queue_ids: np.ndarray) -> np.ndarray:
+        """The int32 slots of distinct queues of one topic, new ones given theirs in
+        one pass (``new_slots``), with no Python per queue that has one already."""
+        if not len(queue_ids):
+            return np.zeros(0, dtype=np.int32)
+        if int(queue_ids.min()) < 0 or int(queue_ids.max()) >= SLOT_ARRAY_IDS_MAX:
+            return np.asarray(self.slots_of([(topic, q) for q in queue_ids.tolist()]), np.int32)
+        slots = np.full(len(queue_ids), -1, dtype=np.int32)
+        table = self._slots.get(topic)
+        if table is not None:
+            known = queue_ids < len(table)
+            slots[known] = table[queue_ids[known]]
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            new = queue_ids[missing].tolist()
+            slots[missing] = self.new_slots([topic] * len(new), new)
+        return slots
+
+    def max_offsets(self, topic: str, queue_ids: list[int]) -> list[int]:
+        """``ConsumeQueueStore.max_offsets_of``: the queues' next offsets, no object
+        built for a queue that has none and no own files."""
+        return self._store.max_offsets_of(topic, queue_ids)
+
     def confirm_shared(
         self,
         topic: str,

@@ -12,13 +12,17 @@ of records becomes ConsumeQueue units and index entries here, in bulk:
    the C parse runs without the GIL).
 2. The run is grouped per queue with numpy (the rows of one put batch arrive
    together, so the grouping sorts stretches, not records). A queue with more than
-   SMALL_GROUP_UNITS units in the run gets them at once: those it holds already (the
+   BATCH_GROUP_UNITS units in the run gets them at once: those it holds already (the
    re-dispatch after a SIGKILL, whose page cache kept them) are confirmed straight from
    the run's columns, one C call per queue file (``ConsumeQueue.units_in_place``,
    consumequeue/reput_check.py), and the rest go in one ``put_batch``. The others are
-   collected over the scan (at most PENDING_ROWS_MAX units) and written together:
-   the units past each queue's end in one TailWriter call, in log order (a topic's
-   shared unit log takes them in one write), a queue's re-puts by ``put``.
+   collected over the scan as columns in log order (at most PENDING_ROWS_MAX units;
+   written first when a run has a queue of the first kind) and written together, with
+   no Python per queue: each queue's end comes from its topic's shared log while it
+   has no object and no own files; the units past it go in one TailWriter call, in
+   log order (a topic's shared unit log takes them in one write, own files through
+   C); those below it (re-puts) are confirmed in one shared-log lookup per topic, and
+   the rest of a queue by ``put_batch`` or ``put``.
 3. Tags and keys are the only per-record Python: a tag's hash (XXH3, cached per tag),
    and the keys of a keyed record for the index.
 
@@ -27,10 +31,10 @@ topic); two topics of one store colliding on 64 bits is taken as impossible.
 
 Records are parsed, not verified (no checksum), like the rest of the dispatcher: the
 recovery scan verified everything past the checkpoint before open re-dispatches it,
-and readers verify each record they return. Per-queue order holds because a queue's
-collected units are written with (before) its next ``put_batch``, everything is
-written before ``scan`` returns, and the caller writes what it collected before
-calling ``scan``.
+and readers verify each record they return. Per-queue order holds because everything
+collected is written before a run's first ``put_batch`` and before ``scan`` returns,
+re-puts before appends, and the caller writes what it collected before calling
+``scan``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ __all__ = ["LogScan", "Parsed", "SCAN_ROWS", "SMALL_GROUP_UNITS", "TakenRuns"]
 # possible; 1 GiB of 100 B records is about 95 calls, of 1 KiB records 15.
 SCAN_ROWS: Final = 1 << 16
 SMALL_GROUP_UNITS: Final = 8  # up to this many units a queue goes with the small ones
+# A queue with more units than this in one run gets them by put_batch, after a check of
+# those it holds already (one C call per queue file); the others are collected in
+# columns and written by one TailWriter call (a topic's shared unit log, own files
+# through C), as the feed's are: no Python per queue, and young queues stay in the
+# shared log (by put_batch each queue of 4,096 got own files, 16 units in).
+BATCH_GROUP_UNITS: Final = 256
 # A scan at least this long parses its next runs in a thread (Prefetch) while this one
 # writes, at most PARSE_AHEAD_RUNS runs ahead (a ring of that + 2 buffers, 5 MiB each).
 PARSE_AHEAD_MIN_BYTES: Final = 32 << 20
@@ -134,33 +144,70 @@ Units = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 class _Pending:
     """The units of queues with few units per run, collected over the runs of one scan
-    (at most PENDING_ROWS_MAX rows) and written together: many queues' units in one
-    TailWriter call, not a put each."""
+    (at most PENDING_ROWS_MAX rows) as columns in log order, one block per run, and
+    written together: many queues' units in one TailWriter call, with no Python per
+    queue or per unit (issue 15: at 100,000 queues a dispatch that reads the log, as
+    the re-dispatch after a crash does, cost 14 us a unit when this was kept per
+    queue)."""
 
-    __slots__ = ("queues", "rows")
+    __slots__ = ("blocks", "rows")
 
     def __init__(self) -> None:
-        self.queues: dict[tuple[str, int], list[Units]] = {}
+        # (topics, topic index per unit or None for topics[0], queue ids, units)
+        self.blocks: list[tuple[list[str], np.ndarray | None, np.ndarray, Units]] = []
         self.rows = 0
 
-    def add(self, name: tuple[str, int], units: Units) -> None:
-        chunks = self.queues.get(name)
-        if chunks is None:
-            self.queues[name] = [units]
-        else:
-            chunks.append(units)
-        self.rows += len(units[0])
+    def add(self, topics: list[str], topic_index: np.ndarray | None, queue_ids: np.ndarray,
+            units: Units) -> None:  # fmt: skip
+        self.blocks.append((topics, topic_index, queue_ids, units))
+        self.rows += len(queue_ids)
 
-
-def _copy(units: Units) -> Units:
-    offsets, physical, sizes, codes, times = units
-    return offsets.copy(), physical.copy(), sizes.copy(), codes.copy(), times.copy()
+    def take(self) -> tuple[list[str], np.ndarray, np.ndarray, Units] | None:
+        """Everything collected, as one block (topic index per unit into the returned
+        topics), and empty again; None when there was nothing."""
+        blocks, self.blocks, self.rows = self.blocks, [], 0
+        if not blocks:
+            return None
+        topics: list[str] = []
+        where: dict[str, int] = {}
+        indexes = []
+        for block_topics, topic_index, queue_ids, _ in blocks:
+            codes = [where.setdefault(topic, len(where)) for topic in block_topics]
+            if len(where) > len(topics):
+                topics.extend(list(where)[len(topics) :])
+            if topic_index is None:
+                indexes.append(np.full(len(queue_ids), codes[0], dtype=np.int32))
+            else:
+                indexes.append(np.asarray(codes, dtype=np.int32)[topic_index])
+        units = _concatenate([block[3] for block in blocks]) if len(blocks) > 1 else blocks[0][3]
+        queue_ids = np.concatenate([block[2] for block in blocks])
+        return topics, np.concatenate(indexes), queue_ids, units
 
 
 def _concatenate(chunks: list[Units]) -> Units:
     offsets, physical, sizes, codes, times = zip(*chunks, strict=True)
     return (np.concatenate(offsets), np.concatenate(physical), np.concatenate(sizes),
             np.concatenate(codes), np.concatenate(times))  # fmt: skip
+
+
+def _select(units: Units, rows: np.ndarray) -> Units:
+    offsets, physical, sizes, codes, times = units
+    return offsets[rows], physical[rows], sizes[rows], codes[rows], times[rows]
+
+
+def _by_topic(
+    topics: list[str], topic_index: np.ndarray, queue_ids: np.ndarray
+) -> Iterator[tuple[str, np.ndarray | slice, np.ndarray, np.ndarray]]:
+    """Per topic with units: (the topic, its rows, its distinct queue ids, each row's
+    place among them)."""
+    for index, topic in enumerate(topics):
+        mine: np.ndarray | slice = (
+            slice(None) if len(topics) == 1 else np.flatnonzero(topic_index == index)
+        )
+        ids = queue_ids[mine]
+        if len(ids):
+            distinct, inverse = np.unique(ids, return_inverse=True)
+            yield topic, mine, distinct, inverse
 
 
 class LogScan:
@@ -268,10 +315,10 @@ class LogScan:
 
     def _collect_run(self, mapped: MappedFile, rows: np.ndarray, found: Stretches,
                      pending: _Pending, keyed: Keyed) -> None:  # fmt: skip
-        """Write one run's units, queue by queue: a queue with more than
-        SMALL_GROUP_UNITS units in the run at once (after its pending ones), the others
-        into ``pending``; its index entries go to ``keyed``. ``found``: the run's
-        stretches of one queue (``run_stretches``)."""
+        """Write one run's units: a queue with more than BATCH_GROUP_UNITS units in
+        the run at once (after everything pending), the others' rows into ``pending``;
+        index entries go to ``keyed``. ``found``: the run's stretches of one queue
+        (``run_stretches``)."""
         starts = found.starts
         stretch_hashes = rows[DISPATCH_TOPIC_HASH][starts]
         queue_ids = rows[DISPATCH_QUEUE_ID][starts] & _QUEUE_ID_MASK
@@ -287,31 +334,28 @@ class LogScan:
             stretch_keys = (topic_of_stretch.astype(np.int64) << 32) | queue_ids
         create_time = [self._uses_create_time(topic) for topic in topics]
         tags = self._tag_codes(mapped, rows) if found.tagged else None
-        assert self._laid is not None and self._row_numbers is not None
-        order, groups = _stretch_groups(stretch_keys, starts, rows.shape[1], self._row_numbers)
-        laid: list[np.ndarray] | None = None  # laid out when a queue's units are put
-        for key, lo, hi in groups:
-            name = (topics[key >> 32], key & _QUEUE_ID_MASK)
-            if hi - lo > SMALL_GROUP_UNITS and name not in pending.queues:
-                in_place = self._in_place(name, rows, tags, order, create_time[key >> 32],
-                                          lo, hi)  # fmt: skip
-                if in_place == hi - lo:
-                    continue
-                lo += in_place
-            if laid is None:
-                laid = self._lay_out(rows, tags, order, create_time)
-            queue_offsets, physicals, sizes, born, stored, codes = laid
-            times = born if create_time[key >> 32] else stored
-            units = (queue_offsets[lo:hi], physicals[lo:hi], sizes[lo:hi], codes[lo:hi],
-                     times[lo:hi])  # fmt: skip
-            if hi - lo > SMALL_GROUP_UNITS:  # now, after what the queue had pending
-                earlier = pending.queues.pop(name, None)
-                if earlier is not None:
-                    pending.rows -= sum(len(chunk[0]) for chunk in earlier)
-                    units = _concatenate([*earlier, units])
-                self._put_batch(name, units)
-            else:  # copies: the columns are reused by the next run
-                pending.add(name, _copy(units))
+        count = rows.shape[1]
+        small_rows: np.ndarray | None = None  # None: every row (no group is big)
+        if len(starts) == 1:
+            big_groups = count > BATCH_GROUP_UNITS
+            small_stretches = None
+        else:
+            lengths = np.diff(np.append(starts, count))
+            _, group_of_stretch = np.unique(stretch_keys, return_inverse=True)
+            group_rows = np.bincount(group_of_stretch, weights=lengths)
+            small_stretches = (group_rows <= BATCH_GROUP_UNITS)[group_of_stretch]
+            big_groups = not small_stretches.all()
+        if big_groups:
+            # What earlier runs left pending goes first: a queue's units stay in order.
+            self._write(pending)
+            self._write_big(rows, tags, starts, stretch_keys, topics, create_time)
+            if small_stretches is None:
+                small_rows = np.zeros(0, dtype=np.int64)
+            else:
+                small_rows = np.flatnonzero(np.repeat(small_stretches, lengths))
+        if small_rows is None or len(small_rows):
+            self._collect_small(rows, tags, small_rows, starts, topic_of_stretch, topics,
+                                create_time, pending)  # fmt: skip
         if found.keyed:
             mapping, file_start = mapped.mapping, mapped.start_offset
             for row in np.flatnonzero(rows[DISPATCH_KEYS_LEN]).tolist():
@@ -325,6 +369,62 @@ class LogScan:
                     stretch = int(np.searchsorted(starts, row, side="right")) - 1
                     topic = topics[int(topic_of_stretch[stretch])]
                 keyed.append((topic, list(decode_keys(keys_raw)), physical, store_ts))
+
+    def _write_big(self, rows: np.ndarray, tags: np.ndarray | None, starts: np.ndarray,
+                   stretch_keys: np.ndarray, topics: list[str], create_time: list[bool]
+                   ) -> None:  # fmt: skip
+        """Each queue with more than BATCH_GROUP_UNITS units in the run: those it holds
+        already are confirmed (``_in_place``), the rest go in one ``put_batch``."""
+        assert self._row_numbers is not None
+        order, groups = _stretch_groups(stretch_keys, starts, rows.shape[1], self._row_numbers)
+        laid: list[np.ndarray] | None = None  # laid out when a queue's units are put
+        for key, lo, hi in groups:
+            if hi - lo <= BATCH_GROUP_UNITS:
+                continue
+            name = (topics[key >> 32], key & _QUEUE_ID_MASK)
+            in_place = self._in_place(name, rows, tags, order, create_time[key >> 32], lo, hi)
+            if in_place == hi - lo:
+                continue
+            lo += in_place
+            if laid is None:
+                laid = self._lay_out(rows, tags, order, create_time)
+            queue_offsets, physicals, sizes, born, stored, codes = laid
+            times = born if create_time[key >> 32] else stored
+            self._put_batch(name, (queue_offsets[lo:hi], physicals[lo:hi], sizes[lo:hi],
+                                   codes[lo:hi], times[lo:hi]))  # fmt: skip
+
+    @staticmethod
+    def _collect_small(rows: np.ndarray, tags: np.ndarray | None, picked: np.ndarray | None,
+                       starts: np.ndarray, topic_of_stretch: np.ndarray | None,
+                       topics: list[str], create_time: list[bool], pending: _Pending
+                       ) -> None:  # fmt: skip
+        """The rows ``picked`` (None: all) of queues with few units in the run, copied
+        in run order into ``pending`` (the columns are reused by the next run)."""
+
+        def column(row: int) -> np.ndarray:
+            return rows[row].copy() if picked is None else rows[row][picked]
+
+        queue_ids = (column(DISPATCH_QUEUE_ID) & _QUEUE_ID_MASK).astype(np.int32)
+        topic_index = None
+        if topic_of_stretch is not None:
+            lengths = np.diff(np.append(starts, rows.shape[1]))
+            every = np.repeat(topic_of_stretch.astype(np.int32), lengths)
+            topic_index = every if picked is None else every[picked]
+        if not any(create_time):
+            times = column(DISPATCH_STORE_TS)
+        elif all(create_time):
+            times = column(DISPATCH_BORN_TS)
+        else:
+            assert topic_index is not None  # two topics at least
+            times = np.where(np.asarray(create_time)[topic_index], column(DISPATCH_BORN_TS),
+                             column(DISPATCH_STORE_TS))  # fmt: skip
+        if tags is None:
+            codes = np.zeros(len(queue_ids), dtype=np.int64)
+        else:
+            codes = tags.copy() if picked is None else tags[picked]
+        units = (column(DISPATCH_QUEUE_OFFSET), column(DISPATCH_PHYSICAL), column(DISPATCH_SIZE),
+                 codes, times)  # fmt: skip
+        pending.add(topics, topic_index, queue_ids, units)
 
     def _in_place(self, name: tuple[str, int], rows: np.ndarray, tags: np.ndarray | None,
                   order: np.ndarray | None, create_time: bool, lo: int, hi: int
@@ -367,18 +467,23 @@ class LogScan:
         return laid
 
     def _write(self, pending: _Pending) -> None:
-        """Write what ``pending`` holds: a queue with more than SMALL_GROUP_UNITS
-        units by ``put_batch``, in stretches of consecutive queue offsets (a gap is the
-        queue's to refuse); the small ones together (``_write_small``)."""
-        small: list[tuple[tuple[str, int], Units]] = []
-        for name, chunks in pending.queues.items():
-            units = chunks[0] if len(chunks) == 1 else _concatenate(chunks)
-            if len(units[0]) <= SMALL_GROUP_UNITS:
-                small.append((name, units))
-            else:
-                self._put_batch(name, units)
-        if small:
-            self._write_small(small)
+        """Write what ``pending`` holds (and empty it): with a TailWriter in bulk
+        (``_write_small``), else a ``put`` a unit, in log order."""
+        taken = pending.take()
+        if taken is None:
+            return
+        topics, topic_index, queue_ids, units = taken
+        if self._tail is not None:
+            self._write_small(topics, topic_index, queue_ids, units)
+            return
+        queue = self._queue
+        for index, queue_id, *unit in zip(
+            topic_index.tolist(),
+            queue_ids.tolist(),
+            *(column.tolist() for column in units),
+            strict=True,
+        ):
+            queue(topics[index], queue_id).put(*unit)  # fmt: skip
 
     def _put_batch(self, name: tuple[str, int], units: Units) -> None:
         """One queue's units by ``put_batch``, in stretches of consecutive queue
@@ -401,61 +506,72 @@ class LogScan:
         if self._tail is not None:
             self._tail.forget(*name)  # its row no longer points at the tail
 
-    def _write_small(self, small: list[tuple[tuple[str, int], Units]]) -> None:
-        """Queues with a few units each (many queues). Units past a queue's end (a
-        rebuild, units a power cut took) go in one TailWriter call, in log order: a
-        topic's shared unit log takes them in bulk, own files through C. Units a queue
-        holds already (the re-dispatch after a SIGKILL, whose page cache kept them):
-        ``_reput_small``. Without a TailWriter every unit takes a ``put``."""
+    def _write_small(self, topics: list[str], topic_index: np.ndarray, queue_ids: np.ndarray,
+                     units: Units) -> None:  # fmt: skip
+        """Units of queues with a few each (many queues), in log order, as columns.
+        Those past their queue's end (a rebuild, units a power cut took, a running
+        store's) go in one TailWriter call, in log order: a topic's shared unit log
+        takes them in bulk, own files through C. Those below it (the re-dispatch after
+        a SIGKILL, whose page cache kept them) first: ``_reput_small``. A queue's end
+        comes from its topic's shared log while it has no object and no own files
+        (``TailWriter.max_offsets``): no object per queue."""
         tail = self._tail
-        appends: list[tuple[tuple[str, int], Units]] = []
-        reputs: list[tuple[tuple[str, int], Units]] = []
-        for name, units in small:
-            queue = self._queue(*name)
-            if tail is not None and int(units[0][0]) >= queue.max_offset:
-                appends.append((name, units))
-            elif tail is not None:
-                reputs.append((name, units))
-            else:
-                for unit in zip(*(column.tolist() for column in units), strict=True):
-                    queue.put(*unit)
-        if reputs:
-            self._reput_small(reputs)
-        if not appends:
-            return
         assert tail is not None
-        slots = np.concatenate(
-            [np.full(len(units[0]), tail.slot_of(*name), np.int32) for name, units in appends]
-        )
-        offsets, physical, sizes, codes, times = _concatenate([units for _, units in appends])
-        order = np.argsort(physical, kind="stable")  # log order: what the shared logs need
-        tail.write(slots[order], offsets[order], physical[order], sizes[order].astype(np.int32),
-                   codes[order], times[order])  # fmt: skip
+        ends = np.empty(len(queue_ids), dtype=np.int64)
+        for topic, mine, distinct, inverse in _by_topic(topics, topic_index, queue_ids):
+            topic_ends = np.asarray(tail.max_offsets(topic, distinct.tolist()), dtype=np.int64)
+            ends[mine] = topic_ends[inverse]
+        below = units[0] < ends
+        if below.any():
+            rows = np.flatnonzero(below)
+            self._reput_small(topics, topic_index[rows], queue_ids[rows], _select(units, rows))
+            rows = np.flatnonzero(~below)
+            if not len(rows):
+                return
+            topic_index, queue_ids, units = topic_index[rows], queue_ids[rows], _select(units, rows)
+        slots = np.empty(len(queue_ids), dtype=np.int32)
+        for topic, mine, distinct, inverse in _by_topic(topics, topic_index, queue_ids):
+            slots[mine] = tail.slots_for(topic, distinct)[inverse]
+        offsets, physical, sizes, codes, times = units
+        tail.write(slots, offsets, physical, sizes.astype(np.int32), codes, times)
 
-    def _reput_small(self, reputs: list[tuple[tuple[str, int], Units]]) -> None:
-        """Small queues' units from their first below the queue's end: those the
-        topic's shared unit log holds already are confirmed in one lookup per topic
-        (``TailWriter.confirm_shared``); the rest take ``put`` each (a unit past the
-        end, or in own files, is written; one that differs raises)."""
+    def _reput_small(self, topics: list[str], topic_index: np.ndarray, queue_ids: np.ndarray,
+                     units: Units) -> None:  # fmt: skip
+        """Units below their queue's end, in log order: those the topic's shared unit
+        log holds already are confirmed in one lookup per topic
+        (``TailWriter.confirm_shared``); the rest of a queue go by ``_put_batch`` when
+        more than SMALL_GROUP_UNITS (own files: one C check per file), else a ``put``
+        each (a unit past the end, or in own files, is written; one that differs
+        raises)."""
         assert self._tail is not None
-        by_topic: dict[str, list[tuple[int, Units]]] = {}
-        for (topic, queue_id), units in reputs:
-            by_topic.setdefault(topic, []).append((queue_id, units))
-        for topic, entries in by_topic.items():
-            queue_ids = np.concatenate(
-                [np.full(len(units[0]), queue_id, np.int32) for queue_id, units in entries]
-            )
-            offsets, physical, sizes, codes, times = _concatenate([units for _, units in entries])
-            order = np.argsort(physical, kind="stable")  # log order, as the shared log
-            queue_ids, offsets, physical = queue_ids[order], offsets[order], physical[order]
-            sizes, codes, times = sizes[order], codes[order], times[order]
-            confirmed = self._tail.confirm_shared(topic, queue_ids, offsets, physical, sizes,
-                                                  codes)  # fmt: skip
-            for row in np.flatnonzero(~confirmed).tolist():  # in log order: per queue too
-                self._queue(topic, int(queue_ids[row])).put(
-                    int(offsets[row]), int(physical[row]), int(sizes[row]), int(codes[row]),
-                    int(times[row]),
-                )  # fmt: skip
+        for index, topic in enumerate(topics):
+            mine = np.flatnonzero(topic_index == index)
+            if not len(mine):
+                continue
+            ids, (offsets, physical, sizes, codes, times) = queue_ids[mine], _select(units, mine)
+            confirmed = self._tail.confirm_shared(topic, ids, offsets, physical, sizes, codes)
+            rest = np.flatnonzero(~confirmed)
+            if not len(rest):
+                continue
+            by_queue = rest[np.argsort(ids[rest], kind="stable")]  # log order within a queue
+            grouped = ids[by_queue]
+            bounds = [0, *(np.flatnonzero(np.diff(grouped)) + 1).tolist(), len(by_queue)]
+            for lo, hi in itertools.pairwise(bounds):
+                picks = by_queue[lo:hi]
+                name = (topic, int(grouped[lo]))
+                if hi - lo > SMALL_GROUP_UNITS:
+                    # In chunks: past a damaged unit, put_batch rewrites the rest of its
+                    # chunk (unchanged units included), not the rest of the scan.
+                    for at in range(0, hi - lo, BATCH_GROUP_UNITS):
+                        chunk = picks[at : at + BATCH_GROUP_UNITS]
+                        self._put_batch(name, (offsets[chunk], physical[chunk], sizes[chunk],
+                                               codes[chunk], times[chunk]))  # fmt: skip
+                    continue
+                queue = self._queue(*name)
+                for unit in zip(offsets[picks].tolist(), physical[picks].tolist(),
+                                sizes[picks].tolist(), codes[picks].tolist(),
+                                times[picks].tolist(), strict=True):  # fmt: skip
+                    queue.put(*unit)
 
     def _tag_codes(self, mapped: MappedFile, rows: np.ndarray) -> np.ndarray | None:
         """The run's tag hashes (0: no tag), or None when no record has a tag."""

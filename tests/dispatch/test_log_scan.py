@@ -419,3 +419,50 @@ def test_groups_match_a_dict_of_lists(stretches: list[tuple[int, int]]) -> None:
         order, groups = log_scan._groups(keys, row_numbers)
         laid = np.arange(len(keys)) if order is None else order
         assert [(key, laid[lo:hi].tolist()) for key, lo, hi in groups] == list(model.items())
+
+
+@pytest.mark.parametrize("lose", [False, True], ids=["kept", "rebuilt"])
+def test_many_small_queues_redispatch_without_an_object_each(scan, tmp_path, lose):
+    """Issue 15: 400 queues of a few units each, re-dispatched after a crash (units
+    kept, or every derived file lost): the scan collects them as columns and writes
+    them in bulk, so no ConsumeQueue object is built for a queue that lives in its
+    topic's shared log, and every queue reads back what the log says."""
+    path = str(tmp_path)
+    config = _config(checkpoint_interval_ms=600_000, consumequeue_flush_interval_ms=3_600_000)
+    store = MessageStore.open(path, config)
+    store.put("orders", 0, b"pre")
+    store.close()  # the checkpoint now covers this
+    store = MessageStore.open(path, config)
+    store.create_topic("audit", 400)
+    _write(store, [(1, q % 400, 30, q % 7 == 0, q % 11 == 0) for q in range(1200)])
+    assert store.wait_for("audit", 399, 2, 1_000)
+    store._crash()
+    if lose:
+        _rebuild(path)
+    with MessageStore.open(path, _config()) as store:
+        assert store.recovered_from_crash
+        if not lose:  # (a rebuild from the log's start is the dispatcher's)
+            _assert_redispatched_in_scan(store, scan)
+        built = [key for key in store.consume_queues._queues if key[0] == "audit"]
+        assert built == []  # 3 units each: all in the shared log, no object
+        assert _snapshot(store) == _expected(store, create_time=True)
+        _assert_index_complete(store)
+
+
+def test_a_hot_queue_among_cold_ones_keeps_each_queue_in_order(scan, tmp_path):
+    """Runs that hold more than BATCH_GROUP_UNITS units of one queue (put_batch) and a
+    few of many others: what the scan collected of the others is written before the
+    big queue's batch, and a rebuild gives what the log says."""
+    path = str(tmp_path)
+    store = MessageStore.open(path, _config(consumequeue_units_per_file=1024))
+    store.create_topic("audit", 64)
+    for number in range(6):
+        for queue_id in range(1, 64):
+            store.put("audit", queue_id, bytes([number]) * 20, tag="t" if queue_id % 3 else None)
+        store.put_batch_arrays("audit", 0, [bytes([number]) * 20] * 300)
+        store.put("audit", number + 1, b"after the batch")
+    store.close()
+    _rebuild(path)
+    with MessageStore.open(path, _config(consumequeue_units_per_file=1024)) as store:
+        assert store.max_offset("audit", 0) == 1800
+        assert _snapshot(store) == _expected(store, create_time=True)

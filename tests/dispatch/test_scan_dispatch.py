@@ -125,22 +125,31 @@ def _assert_agrees_with_log(store: MessageStore) -> None:
 
 
 def _watch_writes(monkeypatch) -> list[int]:
-    """The physical offsets of every unit the open writes (put, put_batch, TailWriter)."""
+    """The physical offsets of every unit the open writes (put, put_batch, TailWriter),
+    each once: a put that TailWriter.write makes for a unit it was handed (a new
+    file, a re-put) is that unit's, counted by the write."""
     written: list[int] = []
+    inside = [0]  # TailWriter.write calls running
     put, put_batch, write = ConsumeQueue.put, ConsumeQueue.put_batch, TailWriter.write
 
     def watched_put(queue: ConsumeQueue, offset: int, physical: int, *rest: Any) -> None:
-        written.append(physical)
+        if not inside[0]:
+            written.append(physical)
         put(queue, offset, physical, *rest)
 
     def watched_batch(queue: ConsumeQueue, first: int, physicals: Any, *rest: Any) -> None:
-        written.extend(np.asarray(physicals).tolist())
+        if not inside[0]:
+            written.extend(np.asarray(physicals).tolist())
         put_batch(queue, first, physicals, *rest)
 
     def watched_write(tail: TailWriter, slots: Any, offsets: Any, physicals: Any, *rest: Any
                       ) -> Any:  # fmt: skip
         written.extend(np.asarray(physicals).tolist())
-        return write(tail, slots, offsets, physicals, *rest)
+        inside[0] += 1
+        try:
+            return write(tail, slots, offsets, physicals, *rest)
+        finally:
+            inside[0] -= 1
 
     monkeypatch.setattr(ConsumeQueue, "put", watched_put)
     monkeypatch.setattr(ConsumeQueue, "put_batch", watched_batch)
@@ -162,12 +171,9 @@ def test_a_crash_is_redispatched_during_the_scan(twin, tmp_path, monkeypatch):
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
         assert store._dispatcher.position == store.commitlog.write_position
         assert store._dispatcher.dispatched_ts_ms == results[-1][-1].store_timestamp_ms
-        # every lost unit once, and each trailer's (kept: "state" has own files, whose
-        # units a small group's re-dispatch confirms by ``put``)
-        assert sorted(written) == sorted(
-            [r.physical_offset for batch in results for r in batch]
-            + [batch[-1].physical_offset + batch[-1].size for batch in results]
-        )
+        # every lost unit once, and no trailer's: "state" kept its units (own files),
+        # which the re-puts' check confirms in place (one C call per queue file)
+        assert sorted(written) == sorted(r.physical_offset for batch in results for r in batch)
         _assert_agrees_with_log(store)
     after = CheckpointFile(path, read_only=True).load()
     assert after is not None and after.dispatched_position >= claim.dispatched_position
@@ -228,16 +234,17 @@ def test_a_failed_write_leaves_the_redispatch_to_the_dispatcher(twin, tmp_path, 
     dispatcher re-dispatches from the checkpoint (idempotent), and the store is whole."""
     path = str(tmp_path)
     _crashed_store(path, 60, lose_units=True)
-    original = ConsumeQueue.put_batch
+    original = TailWriter.write
     calls = []
 
-    def failing_once(queue: ConsumeQueue, *args: Any) -> None:
-        calls.append(queue.queue_id)
+    def failing_once(tail: TailWriter, *args: Any) -> Any:
+        calls.append(len(args[0]))
         if len(calls) == 1:
             raise OSError("injected")
-        original(queue, *args)
+        return original(tail, *args)
 
-    monkeypatch.setattr(ConsumeQueue, "put_batch", failing_once)
+    # The scan's small queues go in one TailWriter call (dispatch/log_scan.py).
+    monkeypatch.setattr(TailWriter, "write", failing_once)
     with caplog.at_level(logging.WARNING), MessageStore.open(path, _config()) as store:
         assert "starts over" in caplog.text
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 360
@@ -246,14 +253,16 @@ def test_a_failed_write_leaves_the_redispatch_to_the_dispatcher(twin, tmp_path, 
 
 def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
     """Units the page cache kept are confirmed, not written; a damaged one (its size
-    zeroed) is written again, with the rest of its run from it, and nothing else.
+    zeroed) is written again, with the rest of its chunk from it, and nothing else.
 
     Queue t-0 holds 3 preamble units (the checkpoint covers them), then 300 (30 batches
-    of 10). The scan's runs are 16 records from the checkpoint: [3, 19), [19, 35) ...
-    [195, 211) ... Its first run starts in the topic's shared unit log (the queue's
-    first 16 units), where ``units_in_place`` confirms nothing: ``put_batch`` takes
-    the run and compares it. In the damaged unit's run, the units before it are
-    confirmed and ``put_batch`` takes it and the rest of the run. Nothing is cut."""
+    of 10). The scan's runs are 16 records from the checkpoint, each a small group
+    (at most BATCH_GROUP_UNITS), so the scan collects them all and writes them at its
+    end as re-puts (below the queue's end): [3, 16), in the topic's shared unit log,
+    are confirmed there (``confirm_shared``); the rest, in own files, go by
+    ``_put_batch`` in chunks of BATCH_GROUP_UNITS from offset 16: in the damaged
+    unit's chunk the units before it are confirmed and ``put_batch`` takes it and the
+    rest of the chunk. Nothing is cut."""
     path = str(tmp_path)
     store = MessageStore.open(path, _config(**_FROZEN))
     preamble = store.put_batch("t", 0, [b"pre"] * 3)
@@ -266,7 +275,8 @@ def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
     assert store.wait_for("t", 0, 302, 5_000)  # every unit is in place before the crash
     damaged = 200
     queue = store.consume_queues.queue("t", 0)
-    assert queue._first_offset <= 3 + 16  # (the first run is the only one in the shared log)
+    first_own = queue._first_offset  # the first offset in own files
+    assert first_own == 16  # ([0, 16) in the shared log: consumequeue_shared_units_max)
     queue._files.units(damaged // 64).sizes[damaged % 64] = 0
     store._crash()
     written = _watch_writes(monkeypatch)
@@ -277,10 +287,11 @@ def test_kept_units_and_a_damaged_one(twin, tmp_path, monkeypatch):
         assert store._dispatcher is not None and store._dispatcher.dispatched_records == 0
         written_offsets = [offset_of[physical] for physical in written]
         assert len(written_offsets) == len(set(written_offsets))  # each at most once
-        damaged_run_end = 3 + 16 * ((damaged - 3) // 16 + 1)
-        assert damaged_run_end == 211
-        assert set(written_offsets) == set(range(3, 19)) | set(range(damaged, damaged_run_end))
-        # kept: [19, 200) and [211, 303) never written; repaired: the damaged unit
+        chunk = log_scan.BATCH_GROUP_UNITS
+        chunk_end = first_own + chunk * ((damaged - first_own) // chunk + 1)
+        assert chunk_end == 272
+        assert set(written_offsets) == set(range(damaged, chunk_end))
+        # kept: [3, 200) and [272, 303) never written; repaired: the damaged unit
         units = store.consume_queues.queue("t", 0)
         assert store.max_offset("t", 0) == 303  # nothing cut
         assert store.commitlog.write_position == results[-1].physical_offset + results[-1].size
