@@ -315,10 +315,10 @@ class LogScan:
 
     def _collect_run(self, mapped: MappedFile, rows: np.ndarray, found: Stretches,
                      pending: _Pending, keyed: Keyed) -> None:  # fmt: skip
-        """Write one run's units: a queue with more than BATCH_GROUP_UNITS units in
-        the run at once (after everything pending), the others' rows into ``pending``;
-        index entries go to ``keyed``. ``found``: the run's stretches of one queue
-        (``run_stretches``)."""
+        """Write one run's units: the rows of queues with at most BATCH_GROUP_UNITS
+        units in the run into ``pending``; when the run has a queue with more, all that
+        is pending is written, then that queue's units; index entries go to ``keyed``.
+        ``found``: the run's stretches of one queue (``run_stretches``)."""
         starts = found.starts
         stretch_hashes = rows[DISPATCH_TOPIC_HASH][starts]
         queue_ids = rows[DISPATCH_QUEUE_ID][starts] & _QUEUE_ID_MASK
@@ -335,7 +335,6 @@ class LogScan:
         create_time = [self._uses_create_time(topic) for topic in topics]
         tags = self._tag_codes(mapped, rows) if found.tagged else None
         count = rows.shape[1]
-        small_rows: np.ndarray | None = None  # None: every row (no group is big)
         if len(starts) == 1:
             big_groups = count > BATCH_GROUP_UNITS
             small_stretches = None
@@ -346,15 +345,22 @@ class LogScan:
             small_stretches = (group_rows <= BATCH_GROUP_UNITS)[group_of_stretch]
             big_groups = not small_stretches.all()
         if big_groups:
-            # What earlier runs left pending goes first: a queue's units stay in order.
+            small_rows = (
+                None if small_stretches is None
+                else np.flatnonzero(np.repeat(small_stretches, lengths))
+            )  # fmt: skip
+            if small_rows is not None and len(small_rows):
+                self._collect_small(rows, tags, small_rows, starts, topic_of_stretch, topics,
+                                    create_time, pending)  # fmt: skip
+            # Everything pending first (earlier runs' units of the big queues among it:
+            # a queue's units stay in order), this run's small ones included: the shared
+            # logs take them in log order before a young big queue's put_batch appends
+            # its first units there (else they would be refused, and each such queue
+            # given own files).
             self._write(pending)
             self._write_big(rows, tags, starts, stretch_keys, topics, create_time)
-            if small_stretches is None:
-                small_rows = np.zeros(0, dtype=np.int64)
-            else:
-                small_rows = np.flatnonzero(np.repeat(small_stretches, lengths))
-        if small_rows is None or len(small_rows):
-            self._collect_small(rows, tags, small_rows, starts, topic_of_stretch, topics,
+        else:
+            self._collect_small(rows, tags, None, starts, topic_of_stretch, topics,
                                 create_time, pending)  # fmt: skip
         if found.keyed:
             mapping, file_start = mapped.mapping, mapped.start_offset
