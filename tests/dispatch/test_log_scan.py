@@ -511,3 +511,43 @@ def test_a_rebuild_keeps_young_queues_in_the_shared_log(tmp_path):
     rebuilt = sorted(name for name in os.listdir(os.path.join(path, "consumequeue", "t"))
                      if name.isdigit())  # fmt: skip
     assert rebuilt == live == ["0"]
+
+
+def test_a_failed_batch_write_in_the_redispatch_fails_the_open_and_loses_nothing(
+    tmp_path, monkeypatch
+):
+    """After a crash that lost a queue's units, the open's re-dispatch writes them by
+    ``put_batch`` (more than BATCH_GROUP_UNITS units in a run), and that write fails
+    (a full disk): the open raises it, and the next open reads what the log says (the
+    re-dispatch starts from the checkpoint again; every write is idempotent)."""
+    monkeypatch.setattr(MessageStore, "_scan_dispatch", lambda store, checkpoint: None)
+    path = str(tmp_path)
+    config = _config(consumequeue_units_per_file=1024, checkpoint_interval_ms=600_000,
+                     consumequeue_flush_interval_ms=3_600_000)  # fmt: skip
+    store = MessageStore.open(path, config)
+    store.create_topic("audit", 8)
+    store.close()  # the checkpoint now covers the topic's creation
+    store = MessageStore.open(path, config)
+    for number in range(3):
+        for index in range(30):
+            store.put("audit", 1 + index % 5, bytes([number]) * 20)
+        store.put_batch_arrays("audit", 0, [bytes([number]) * 20] * 300)
+    assert store.wait_for("audit", 0, 899, 5_000)
+    store.consume_queues.queue("audit", 0).truncate(0)
+    store._crash()
+    original = ConsumeQueue.put_batch
+    calls: list[int] = []
+
+    def failing_once(queue: ConsumeQueue, *args: Any) -> None:
+        calls.append(queue.queue_id)
+        if len(calls) == 1:
+            raise OSError("injected")
+        original(queue, *args)
+
+    monkeypatch.setattr(ConsumeQueue, "put_batch", failing_once)
+    with pytest.raises(OSError, match="injected"):
+        MessageStore.open(path, _config(consumequeue_units_per_file=1024))
+    assert calls[0] == 0
+    with MessageStore.open(path, _config(consumequeue_units_per_file=1024)) as store:
+        assert store.max_offset("audit", 0) == 900
+        assert _snapshot(store) == _expected(store, create_time=True)
