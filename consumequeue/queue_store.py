@@ -183,10 +183,11 @@ class ConsumeQueueStore:
                 ends = [0] * len(queue_ids)
             else:
                 validate_topic(topic)
-                listed, objects = self._listing(topic), self._queues
                 runs = self.shared_log(topic).runs
-                for index, queue_id in enumerate(queue_ids):
-                    if (topic, queue_id) in objects or (listed and str(queue_id) in listed):
+                for index, (queue_id, in_log) in enumerate(
+                    zip(queue_ids, self._in_log_alone(topic, queue_ids), strict=True)
+                ):
+                    if not in_log:
                         asked.append(index)
                         ends.append(0)
                         continue
@@ -303,27 +304,37 @@ class ConsumeQueueStore:
             # Per queue its readable run: a queue with no object and no own files has
             # its run in the log (issue 15: no object per queue when 100,000 queues
             # re-dispatch); the others ask their object.
-            listed, objects = self._listing(topic), self._queues
-            runs: dict[int, SharedRun | None] = {}
-            held = []
             units = np.flatnonzero(matched)
+            unit_ids = queue_ids[units].tolist()
+            distinct = list(dict.fromkeys(unit_ids))
+            runs: dict[int, SharedRun | None] = {}
+            for queue_id, in_log in zip(distinct, self._in_log_alone(topic, distinct), strict=True):
+                if in_log:
+                    found = shared.runs.get(queue_id)
+                    runs[queue_id] = found if found is not None and len(found) else None
+                else:
+                    runs[queue_id] = queue_shared.shared_run(self.queue(topic, queue_id))
+            held = []
             for unit, queue_id, queue_offset, index in zip(
-                units.tolist(), queue_ids[units].tolist(), queue_offsets[units].tolist(),
+                units.tolist(), unit_ids, queue_offsets[units].tolist(),
                 indexes[units].tolist(), strict=True,
             ):  # fmt: skip
-                if queue_id in runs:
-                    run = runs[queue_id]
-                elif (topic, queue_id) in objects or (listed and str(queue_id) in listed):
-                    run = runs[queue_id] = queue_shared.shared_run(self.queue(topic, queue_id))
-                else:
-                    found = shared.runs.get(queue_id)
-                    run = runs[queue_id] = found if found is not None and len(found) else None
+                run = runs[queue_id]
                 if run is not None:  # is it the run's unit there?
                     at = queue_offset - run.first_offset
                     if 0 <= at < len(run) and run[at] == index:
                         held.append(unit)
             confirmed[held] = True
         return confirmed
+
+    def _in_log_alone(self, topic: str, queue_ids: list[int]) -> list[bool]:
+        """Under the lock, for valid ids of an open writer's valid topic: per queue,
+        whether it has no object and no own files (its units, if any, are its shared
+        run's), as ``_log_of_objectless`` answers one."""
+        listed, objects = self._listing(topic), self._queues
+        if listed:
+            return [(topic, q) not in objects and str(q) not in listed for q in queue_ids]
+        return [(topic, q) not in objects for q in queue_ids]
 
     def _log_of_objectless(self, topic: str, queue_id: int) -> SharedUnitLog | None:
         """Under the lock: the topic's shared log when (topic, queue_id) is a valid

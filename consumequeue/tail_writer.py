@@ -77,9 +77,10 @@ _COLUMNS: Final = 8
 SMALL_WRITE_UNITS: Final = 8
 # Up to this many units, _publish finds the touched slots with a dict over a list, not
 # a sort (_distinct) and a fancy index of the table: both release the GIL for any
-# length (numpy 2.x), and a released GIL goes to the writer thread, which keeps it until it sleeps
-# (docs/VISIBILITY.md, stop 29). The bound is write_units' own: it keeps the GIL below
-# 256 units too, and the list path costs ~0.15 us a unit, 40 us at the bound.
+# length (numpy 2.x), and a released GIL goes to the writer thread, which keeps it
+# until it sleeps (docs/VISIBILITY.md, stop 29). The bound is write_units' own: it
+# keeps the GIL below 256 units too, and the list path costs ~0.15 us a unit, 40 us at
+# the bound.
 PUBLISH_LIST_UNITS_MAX: Final = 256
 # Queue ids below this have their slot in their topic's int32 array (512 KiB at most a
 # topic; the seed of CommitLog's offsets stops at the same id, SEED_QUEUES_MAX); higher

@@ -168,20 +168,17 @@ class _Pending:
         blocks, self.blocks, self.rows = self.blocks, [], 0
         if not blocks:
             return None
-        topics: list[str] = []
-        where: dict[str, int] = {}
+        where: dict[str, int] = {}  # topic -> its index in the block taken
         indexes = []
         for block_topics, topic_index, queue_ids, _ in blocks:
             codes = [where.setdefault(topic, len(where)) for topic in block_topics]
-            if len(where) > len(topics):
-                topics.extend(list(where)[len(topics) :])
             if topic_index is None:
                 indexes.append(np.full(len(queue_ids), codes[0], dtype=np.int32))
             else:
                 indexes.append(np.asarray(codes, dtype=np.int32)[topic_index])
         units = _concatenate([block[3] for block in blocks]) if len(blocks) > 1 else blocks[0][3]
         queue_ids = np.concatenate([block[2] for block in blocks])
-        return topics, np.concatenate(indexes), queue_ids, units
+        return list(where), np.concatenate(indexes), queue_ids, units
 
 
 def _concatenate(chunks: list[Units]) -> Units:
@@ -335,11 +332,11 @@ class LogScan:
         create_time = [self._uses_create_time(topic) for topic in topics]
         tags = self._tag_codes(mapped, rows) if found.tagged else None
         count = rows.shape[1]
+        lengths = np.diff(np.append(starts, count))  # of the stretches
         if len(starts) == 1:
             big_groups = count > BATCH_GROUP_UNITS
             small_stretches = None
         else:
-            lengths = np.diff(np.append(starts, count))
             _, group_of_stretch = np.unique(stretch_keys, return_inverse=True)
             group_rows = np.bincount(group_of_stretch, weights=lengths)
             small_stretches = (group_rows <= BATCH_GROUP_UNITS)[group_of_stretch]
@@ -350,7 +347,7 @@ class LogScan:
                 else np.flatnonzero(np.repeat(small_stretches, lengths))
             )  # fmt: skip
             if small_rows is not None and len(small_rows):
-                self._collect_small(rows, tags, small_rows, starts, topic_of_stretch, topics,
+                self._collect_small(rows, tags, small_rows, lengths, topic_of_stretch, topics,
                                     create_time, pending)  # fmt: skip
             # Everything pending first (earlier runs' units of the big queues among it:
             # a queue's units stay in order), this run's small ones included: the shared
@@ -360,7 +357,7 @@ class LogScan:
             self._write(pending)
             self._write_big(rows, tags, starts, stretch_keys, topics, create_time)
         else:
-            self._collect_small(rows, tags, None, starts, topic_of_stretch, topics,
+            self._collect_small(rows, tags, None, lengths, topic_of_stretch, topics,
                                 create_time, pending)  # fmt: skip
         if found.keyed:
             mapping, file_start = mapped.mapping, mapped.start_offset
@@ -401,11 +398,12 @@ class LogScan:
 
     @staticmethod
     def _collect_small(rows: np.ndarray, tags: np.ndarray | None, picked: np.ndarray | None,
-                       starts: np.ndarray, topic_of_stretch: np.ndarray | None,
+                       lengths: np.ndarray, topic_of_stretch: np.ndarray | None,
                        topics: list[str], create_time: list[bool], pending: _Pending
                        ) -> None:  # fmt: skip
         """The rows ``picked`` (None: all) of queues with few units in the run, copied
-        in run order into ``pending`` (the columns are reused by the next run)."""
+        in run order into ``pending`` (the columns are reused by the next run);
+        ``lengths``: the run's stretches' (of ``topic_of_stretch``)."""
 
         def column(row: int) -> np.ndarray:
             return rows[row].copy() if picked is None else rows[row][picked]
@@ -413,7 +411,6 @@ class LogScan:
         queue_ids = (column(DISPATCH_QUEUE_ID) & _QUEUE_ID_MASK).astype(np.int32)
         topic_index = None
         if topic_of_stretch is not None:
-            lengths = np.diff(np.append(starts, rows.shape[1]))
             every = np.repeat(topic_of_stretch.astype(np.int32), lengths)
             topic_index = every if picked is None else every[picked]
         if not any(create_time):
@@ -489,7 +486,7 @@ class LogScan:
             *(column.tolist() for column in units),
             strict=True,
         ):
-            queue(topics[index], queue_id).put(*unit)  # fmt: skip
+            queue(topics[index], queue_id).put(*unit)
 
     def _put_batch(self, name: tuple[str, int], units: Units) -> None:
         """One queue's units by ``put_batch``, in stretches of consecutive queue

@@ -450,9 +450,11 @@ def test_many_small_queues_redispatch_without_an_object_each(scan, tmp_path, los
 
 
 def test_a_hot_queue_among_cold_ones_keeps_each_queue_in_order(scan, tmp_path):
-    """Runs that hold more than BATCH_GROUP_UNITS units of one queue (put_batch) and a
-    few of many others: what the scan collected of the others is written before the
-    big queue's batch, and a rebuild gives what the log says."""
+    """Runs that hold more than BATCH_GROUP_UNITS units of one queue (put_batch) among a
+    few each of 63 others, some tagged: the big queue's units go by ``put_batch``, the
+    others' rows are picked out of the run and collected, and a rebuild gives what the
+    log says. (The order of a queue small in one run and big in the next: the test
+    after this one.)"""
     path = str(tmp_path)
     store = MessageStore.open(path, _config(consumequeue_units_per_file=1024))
     store.create_topic("audit", 64)
