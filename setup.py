@@ -16,6 +16,7 @@ setup(
                 "commitlog/_native.c",
                 "commitlog/_scan.c",
                 "commitlog/_appender.c",
+                "commitlog/_feed.c",
                 "commitlog/_columns.c",
                 "commitlog/_dispatch.c",
                 "consumequeue/_time.c",

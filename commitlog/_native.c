@@ -800,7 +800,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddIntConstant(m, "MESSAGE_MAGIC", MESSAGE_MAGIC) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "TAIL_COLUMNS", TAIL_COLUMNS) < 0 || add_layout(m) < 0 ||
-        mqstore_add_append_types(m) < 0 || mqstore_add_putter_type(m) < 0 ||
+        mqstore_add_append_types(m) < 0 || mqstore_add_feed_functions(m) < 0 ||
+        mqstore_add_putter_type(m) < 0 ||
         mqstore_add_runs_functions(m) < 0 || mqstore_add_row_type(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -296,7 +296,7 @@ void write_record(uint8_t *dst, uint32_t total, int64_t queue_offset, int64_t ph
                   int64_t born, int64_t stored, int32_t queue_id, uint32_t flags,
                   const Py_buffer *topic, const Py_buffer *tag, const Py_buffer *keys,
                   const Py_buffer *props, const Py_buffer *body);
-/* commitlog/_appender.c: AppendLock, Appender, Putter and feed_columns. */
+/* commitlog/_appender.c: AppendLock, Appender, Putter. */
 int mqstore_add_append_types(PyObject *module);
 int mqstore_is_appender(PyObject *obj);
 /* Appender.append's 7 arguments (topic, queue_id, body, tag, born_ts_ms, keys,
@@ -309,6 +309,9 @@ int mqstore_add_runs_functions(PyObject *module);
 /* consumequeue/_time.c: the ConsumeQueue time look-up. */
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* commitlog/_feed.c: feed_columns. */
+int mqstore_add_feed_functions(PyObject *m);
 
 /* ------------------------------------------------------------------ _dispatch.c */
 

@@ -19,10 +19,16 @@ outcome a caller sees; it stands for these cases, all rare on a running log:
   with its message), or encode (a memoryview body, a tag longer than 255 bytes);
 - a topic not yet in record.py's cache of validated names (the general path
   validates it, and the cache has it from then on);
-- a queue neither in the offset table nor in its topic's seed (``seeds``: topic ->
-  int64 buffer of next offsets by queue id, -1 for none; a seeded queue enters the
-  table on its first append, before anything is written); its offset comes from the
-  ConsumeQueue;
+- a queue neither in its topic's seed nor in the offset table; its offset comes from
+  the ConsumeQueue. ``seeds`` maps a topic to a writable int64 buffer of next offsets
+  by queue id: a value >= 0 is the queue's next offset, advanced in place by each
+  append (the table has no entry for such a queue: the CommitLog keeps the two
+  disjoint), and -1 leaves the queue to the table. So an append to a seeded queue
+  builds no key and touches no dict: at 100,000 queues the table's tuple keys and
+  look-ups were 40% of the putting thread (issue 15, docs/QUEUES.md stop 32). The C
+  Appender takes a seed's writable view once and keeps it while the seed stays the
+  last one it looked up: a seed is not resized or made read-only meanwhile (the
+  CommitLog never does);
 - a record that does not fit the current file (roll), or that crosses the threshold
   that prepares the next one (a request to the allocation service);
 - a log that refuses appends (``accepting`` false: closed, sealed, read-only, rejected
@@ -285,10 +291,8 @@ class PyAppender:
         if not self.accepting or self.mapping is None:
             return None
         key = (topic, queue_id)
-        queue_offset = self.queue_offsets.get(key)
-        seeded = queue_offset is None
-        if seeded:
-            queue_offset = self._seeded(topic, queue_id)
+        seed = self._seed_of(topic, queue_id)
+        queue_offset = self.queue_offsets.get(key) if seed is None else seed[1]
         if type(queue_offset) is not int or not 0 <= queue_offset < _INT64_MAX:
             return None
         start, file_size, position = self.file_start, self.file_size, self.write_position
@@ -325,14 +329,17 @@ class PyAppender:
                 raise TypeError("Appender: the mapping must be a writable buffer")
             if view.nbytes < file_size:
                 raise ValueError("Appender: the mapping is shorter than the file")
-        if seeded:
-            self.queue_offsets[key] = queue_offset  # before a byte is written
+        if seed is not None and _read_i64(seed[0], queue_id) != queue_offset:
+            raise RuntimeError("Appender: the clock moved the seed")
         encode_into(
             mapping, in_file, position, size, queue_offset,
             stored if born_ts_ms is None else born_ts_ms, stored, queue_id, flags, topic_bytes,
             tag_bytes, keys, properties, body,
         )  # fmt: skip
-        self.queue_offsets[key] = queue_offset + 1
+        if seed is None:
+            self.queue_offsets[key] = queue_offset + 1
+        else:
+            _write_i64(seed[0], queue_id, queue_offset + 1)
         self.write_position = position + size
         self.last_store_ts_ms = stored
         if feeding:
@@ -342,27 +349,41 @@ class PyAppender:
                 self.feed_overflow = True
         return result
 
-    def _seeded(self, topic: str, queue_id: int) -> int | None:
-        """A queue missing from the table: its next offset from the topic's seed (an
-        int64 buffer by queue id, -1 for a queue to load alone; ``_append_locked``
-        enters it in the table before it writes); None for the general path."""
+    def _seed_of(self, topic: str, queue_id: int) -> tuple[Any, int] | None:
+        """The queue's seed and next offset when its topic's seed (a writable int64
+        buffer by queue id, written in place) holds one (>= 0; the table has no entry
+        for it then); None for the table, then the general path."""
         seeds = self.seeds
         if seeds is None:
             return None
         if type(seeds) is not dict:
             raise TypeError("Appender: seeds must be a dict or None")
-        seed = seeds.get(topic)
-        if seed is None:
+        if topic not in seeds:
             return None
-        with memoryview(seed) as view:
+        seed = seeds[topic]
+        try:
+            view = memoryview(seed)
+        except TypeError:
+            raise TypeError("Appender: a seed must be a writable buffer") from None
+        with view:
+            if view.readonly:
+                raise TypeError("Appender: a seed must be a writable buffer")
             if view.nbytes % 8:
                 raise ValueError("Appender: a seed must be a buffer of int64")
             if queue_id >= view.nbytes // 8:
                 return None
-            with view.cast("B") as raw:
-                item = raw[queue_id * 8 : queue_id * 8 + 8]
-                value = int.from_bytes(item, sys.byteorder, signed=True)
-        return value if 0 <= value < _INT64_MAX else None
+        value = _read_i64(seed, queue_id)
+        return (seed, value) if 0 <= value < _INT64_MAX else None
+
+
+def _read_i64(buffer: Any, index: int) -> int:
+    with memoryview(buffer) as view, view.cast("B") as raw:
+        return int.from_bytes(raw[index * 8 : index * 8 + 8], sys.byteorder, signed=True)
+
+
+def _write_i64(buffer: Any, index: int, value: int) -> None:
+    with memoryview(buffer) as view, view.cast("B") as raw:
+        raw[index * 8 : index * 8 + 8] = value.to_bytes(8, sys.byteorder, signed=True)
 
 
 #: feed_columns flags: some entry of the run has a tag, keys, a born timestamp of its own.

@@ -74,6 +74,7 @@ from mqstore.commitlog.log_batch import BatchAppendResult, BatchLog
 from mqstore.commitlog.log_read import ReadLog
 from mqstore.commitlog.log_replica import ReplicaLog
 from mqstore.commitlog.mapped_file import MappedFile
+from mqstore.commitlog.queue_table import QueueTable
 from mqstore.commitlog.record import (
     BLANK_SIZE,
     FLAG_NULL_BODY,
@@ -124,18 +125,14 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
         self._files = MappedFileQueue(directory, config.file_size_bytes, read_only)
         self._lock = new_append_lock()  # the one append lock: see commitlog/appender.py
         self._flush_lock = threading.Lock()
-        self._queue_offsets: dict[tuple[str, int], int] = {}
-        self._queue_offset_loader: Callable[[str, int], int] | None = None
-        self._topic_offsets_loader: Callable[[str], np.ndarray] | None = None
-        self._seeded_topics: set[str] = set()  # topics the loader was asked for
-        # Per topic, the loader's next offsets by queue id (-1: load alone), read-only:
-        # a queue missing from the table enters it from here on its first append, in
-        # C (issue 15: seeding the table with 100,000 entries at once cost 30-130 ms).
-        self._seeds: dict[str, np.ndarray] = {}
+        # Next queue offsets: a dict and per-topic seeds, disjoint (commitlog/queue_table.py).
+        # _queue_offsets is its dict; a key Python adds goes through _queues.set.
+        self._queues = QueueTable()
+        self._queue_offsets = self._queues.table
         # The append state (write position, newest store timestamp, current file,
         # prepare-next threshold, feed) lives in the appender, read and set under _lock.
         self._appender = new_appender(self._lock, self._queue_offsets)
-        self._appender.seeds = self._seeds
+        self._appender.seeds = self._queues.seeds
         self._appender.record_size_limit = config.record_size_limit_bytes
         self._appender.clock = clock_ms
         self._appender.prepare_next_at = _NOT_ARMED
@@ -186,10 +183,11 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
             topic_offsets_loader: gives the next queue offsets of many queues of a
                 topic at once (an int64 array by queue id; -1, or an id past its end,
                 for a queue to ask ``queue_offset_loader``). Asked once per topic, on
-                the first queue of the topic the log has not seen since open; a queue
-                missing from the table then enters it from there on its first append,
-                which stays a common one (issue 15). The table's own counts (records
-                scanned at open, appends) win.
+                the first queue of the topic the log has not seen since open. The
+                array is the log's from then on: an append to a queue it holds
+                advances it in place, in the one-call path (issue 15;
+                commitlog/queue_table.py). The table's own counts (records scanned at
+                open, appends) win.
             syncer: makes one file durable; tests inject counting or failing ones.
             clock_ms: the store clock; tests inject a fake one.
             store_ts_floor_ms: a store timestamp the log already used (the
@@ -205,8 +203,8 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
         if not read_only:
             makedirs_durable(directory)
         commitlog = cls(directory, config, read_only, syncer, clock_ms)
-        commitlog._queue_offset_loader = queue_offset_loader
-        commitlog._topic_offsets_loader = topic_offsets_loader
+        commitlog._queues.queue_loader = queue_offset_loader
+        commitlog._queues.topic_loader = topic_offsets_loader
         commitlog._appender.last_store_ts_ms = max(0, store_ts_floor_ms)
         try:
             commitlog._files.load()
@@ -326,6 +324,7 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
         end, appender.last_store_ts_ms = scan_log(
             files, start, self._queue_offsets, appender.last_store_ts_ms, on_run
         )
+        self._queues.after_scan()
         assert start <= end, f"the scan went back from {start} to {end}"
         appender.write_position = end
         if self.read_only:  # a reader never syncs; what it sees is what it reads
@@ -510,9 +509,7 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
         appender = self._appender
         with self._lock:
             self._check_writable()
-            queue_offset = self._queue_offsets.get(key)
-            if queue_offset is None:
-                queue_offset = self._load_queue_offset(topic, queue_id)
+            queue_offset = self._queues.get(topic, queue_id)
             store_ts_ms = max(self.now_ms(), appender.last_store_ts_ms)
             position = appender.write_position
             current = self._current
@@ -553,20 +550,25 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
         with self._lock:
             start = max(position, self.min_position)
             scan_log(self._files, start, self._queue_offsets, self._appender.last_store_ts_ms)
+            self._queues.after_scan()
 
     def next_queue_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next append to (topic, queue_id) gets: the end of the
         queue in the log, which readers may not see all of yet (the dispatcher is
-        behind, or held by a commit limit)."""
+        behind, or held by a commit limit).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: ``queue_id`` is not an int in
+                [0, QUEUE_ID_MAX].
+        """
+        check_queue_id(queue_id)
         with self._lock:
             return self._queue_offset(topic, queue_id)
 
     def _queue_offset(self, topic: str, queue_id: int) -> int:
-        """Under the lock: the next queue offset of (topic, queue_id)."""
-        queue_offset = self._queue_offsets.get((topic, queue_id))
-        if queue_offset is None:
-            queue_offset = self._load_queue_offset(topic, queue_id)
-        return queue_offset
+        """Under the lock: the next queue offset of (topic, queue_id), in the table
+        from then on."""
+        return self._queues.get(topic, queue_id)
 
     def _wait_durable(self, group_commit: GroupCommitService, end: int) -> None:
         """Sync mode: wait until ``end`` is durable."""
@@ -583,24 +585,6 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
             raise NotLeaderError("the CommitLog is a follower's: it takes only replicated bytes")
         if self._reject_reason is not None:
             raise DiskFullError(28, f"writes rejected: {self._reject_reason}")
-
-    def _load_queue_offset(self, topic: str, queue_id: int) -> int:
-        """Under the lock: the next offset of a queue missing from the table."""
-        seeder = self._topic_offsets_loader
-        if seeder is not None and topic not in self._seeded_topics:
-            self._seeded_topics.add(topic)  # once: a partition added later loads alone
-            loaded = np.array(seeder(topic), dtype=np.int64)  # a copy the log owns
-            loaded.flags.writeable = False
-            if len(loaded):
-                self._seeds[topic] = loaded
-        seed = self._seeds.get(topic)
-        offset = int(seed[queue_id]) if seed is not None and queue_id < len(seed) else -1
-        if offset < 0:
-            loader = self._queue_offset_loader
-            offset = loader(topic, queue_id) if loader is not None else 0
-        assert offset >= 0
-        self._queue_offsets[(topic, queue_id)] = offset
-        return offset
 
     def _roll(self, in_file: int) -> MappedFile:
         """Fill the current file with a blank record and switch to the next one.
@@ -789,4 +773,4 @@ class CommitLog(ReadLog, BatchLog, ReplicaLog):
     def queue_offsets(self) -> dict[tuple[str, int], int]:
         """The next queue offset of every queue seen since open (a copy)."""
         with self._lock:
-            return dict(self._queue_offsets)
+            return self._queues.snapshot()

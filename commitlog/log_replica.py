@@ -27,9 +27,8 @@ from mqstore.commitlog.recovery import scan_log
 from mqstore.commitlog.replica import plan_replica_chunk
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from mqstore.commitlog.allocator import AllocationService
+    from mqstore.commitlog.queue_table import QueueTable
 
 __all__ = ["ReplicaLog"]
 
@@ -49,8 +48,7 @@ class ReplicaLog:
     _group_commit: GroupCommitService | None
     _syncer: Callable[[MappedFile], None]
     _queue_offsets: dict[tuple[str, int], int]
-    _seeded_topics: set[str]
-    _seeds: dict[str, np.ndarray]
+    _queues: QueueTable
     _flushed_position: int
     _flushed_mark: tuple[int, int]
     _failure: FlushFailedError | None
@@ -127,9 +125,10 @@ class ReplicaLog:
                 in_file = physical - current.start_offset
                 assert 0 <= in_file <= current.size_bytes - (stop - start)
                 current.mapping[in_file : in_file + stop - start] = view[start:stop]
+            queues = self._queues
             for key, next_offset in plan.queue_offsets.items():
-                if next_offset > self._queue_offsets.get(key, 0):
-                    self._queue_offsets[key] = next_offset
+                if next_offset > (queues.known(*key) or 0):
+                    queues.set(key, next_offset)
             appender.write_position = end
             if plan.ends_open:
                 if plan.group_end is not None:
@@ -202,11 +201,10 @@ class ReplicaLog:
             if self._flushed_position > position:
                 self._flushed_position = position
                 self._flushed_mark = (position, self._flushed_mark[1])
-            self._queue_offsets.clear()
-            self._seeded_topics.clear()
-            self._seeds.clear()
+            self._queues.clear()
             rescan_from = max(min(derived_end, position), self.min_position)
             scan_log(self._files, rescan_from, self._queue_offsets, appender.last_store_ts_ms)
+            self._queues.after_scan()
             if appender.feed is not None:
                 appender.feed = []
                 self._feed_start = position
@@ -240,9 +238,7 @@ class ReplicaLog:
             appender.write_position = position
             self._flushed_position = position
             self._flushed_mark = (position, self._flushed_mark[1])
-            self._queue_offsets.clear()
-            self._seeded_topics.clear()
-            self._seeds.clear()
+            self._queues.clear()
             if appender.feed is not None:
                 appender.feed = []
                 self._feed_start = position

@@ -5,6 +5,7 @@ against its general path, the AppendLock, and feed_columns' twins."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -42,8 +43,8 @@ def _mostly(sane: Any, rare: Any) -> Any:
 
 
 _queues = _mostly(
-    st.sampled_from([("orders", 0), ("orders", 1), ("a", 2)]),
-    st.sampled_from([("orders", 2), ("orders", 3), ("orders", 4), ("unknown", 0),
+    st.sampled_from([("orders", 0), ("orders", 1), ("a", 2), ("orders", 2)]),
+    st.sampled_from([("orders", 3), ("orders", 4), ("unknown", 0),
                      (b"orders", 0), ("orders", -1), ("orders", True), ("orders", 2**31)]),
 )  # fmt: skip
 _bodies = _mostly(
@@ -101,9 +102,9 @@ def _appender(factory: Any) -> tuple[Any, bytearray, list[str]]:
     appender.feed = []
     appender.clock = Clock()
     appender.listener = lambda: calls.append("appended")
-    # Queues missing from the table enter it from here on their first append: orders 2
-    # (seeded at 3) and orders 3 (-1: loaded alone); the table wins for orders 0 and 1.
-    appender.seeds = {"orders": np.array([9, 7, 3, -1], dtype=np.int64)}
+    # orders 2 is seeded at 3 (advanced in place); -1 leaves orders 0 and 1 to the
+    # table and orders 3 to the general path (loaded alone), as does 4, past the seed.
+    appender.seeds = {"orders": np.array([-1, -1, 3, -1], dtype=np.int64)}
     return appender, mapping, calls
 
 
@@ -116,7 +117,8 @@ _STATE = (
 def _state(appender: Any, mapping: bytearray, calls: list[str]) -> Any:
     feed = None if appender.feed is None else list(appender.feed)
     fields = tuple(getattr(appender, name) for name in _STATE)
-    return (bytes(mapping), dict(appender.queue_offsets), feed, fields, len(calls))
+    table = (dict(appender.queue_offsets), {t: bytes(v) for t, v in appender.seeds.items()})
+    return (bytes(mapping), table, feed, fields, len(calls))
 
 
 def _apply(appender: Any, mapping: bytearray, event: Any) -> Any:
@@ -252,26 +254,37 @@ def test_hostile_state_is_a_value_error_never_a_wild_write() -> None:
             appender.append("orders", 0, b"x", None, None, "keys", b"")
 
 
-def test_a_queue_missing_from_the_table_enters_it_from_its_topic_seed() -> None:
-    """Issue 15: a seeded queue's first append is a common one, at the seed's offset,
-    and the table holds it from then on (the seed is not read again); -1, an id past
-    the seed, a topic without one or no seeds at all leave it to the general path;
-    a seed that is not an int64 buffer is refused."""
+def test_a_seeded_queue_is_appended_to_in_its_seed_and_never_enters_the_table() -> None:
+    """Issue 15: a queue whose topic's seed holds an offset (>= 0) takes the common
+    path at that offset, and the seed is advanced in place (no key enters the table);
+    -1, an id past the seed, a topic without one or no seeds at all leave the queue to
+    the table, then the general path; a seed that is not a writable int64 buffer is
+    refused, and a seed replaced from Python is the one read next."""
     factories: list[Any] = [PyAppender] + ([NATIVE.Appender] if NATIVE is not None else [])
     for factory in factories:
         appender, _, _ = _appender(factory)
-        assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == 3
-        assert appender.queue_offsets[("orders", 2)] == 4
-        appender.seeds["orders"] = np.array([9, 7, 50, -1], dtype=np.int64)
-        assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == 4  # the table's
-        assert appender.append("orders", 0, b"x", None, None, b"", b"")[1] == 0  # not 9
+        seed = appender.seeds["orders"]
+        for expected in (3, 4, 5):
+            assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == expected
+        assert seed.tolist() == [-1, -1, 6, -1]
+        assert ("orders", 2) not in appender.queue_offsets
+        assert appender.append("orders", 1, b"x", None, None, b"", b"")[1] == 5  # the table's
+        assert appender.queue_offsets[("orders", 1)] == 6 and seed[1] == -1
+        appender.seeds["orders"] = np.array([-1, -1, 50, -1], dtype=np.int64)  # replaced
+        assert appender.append("orders", 2, b"x", None, None, b"", b"")[1] == 50
+        assert appender.seeds["orders"][2] == 51 and seed[2] == 6
         for queue in (("orders", 3), ("orders", 4), ("a", 0)):
             assert appender.append(*queue, b"x", None, None, b"", b"") is None
             assert queue not in appender.queue_offsets
         appender.seeds = None
-        assert appender.append("orders", 1, b"x", None, None, b"", b"")[1] == 5
-        assert appender.append("a", 7, b"x", None, None, b"", b"") is None
-        for bad, error in (([1, 2], TypeError), (b"1234567", ValueError)):
+        assert appender.append("orders", 1, b"x", None, None, b"", b"")[1] == 6
+        assert appender.append("orders", 2, b"x", None, None, b"", b"") is None
+        read_only = np.zeros(2, dtype=np.int64)
+        read_only.flags.writeable = False
+        for bad, error in (
+            ([1, 2], TypeError), (b"12345678", TypeError), (read_only, TypeError),
+            (bytearray(7), ValueError),
+        ):  # fmt: skip
             appender.seeds = {"a": bad}
             with pytest.raises(error):
                 appender.append("a", 7, b"x", None, None, b"", b"")
@@ -279,6 +292,9 @@ def test_a_queue_missing_from_the_table_enters_it_from_its_topic_seed() -> None:
         with pytest.raises(TypeError):
             appender.append("a", 7, b"x", None, None, b"", b"")
         assert ("a", 7) not in appender.queue_offsets
+        appender.seeds = {"a": bytearray(16)}  # any writable buffer of int64
+        assert appender.append("a", 1, b"x", None, None, b"", b"")[1] == 0
+        assert appender.seeds["a"][8:] == (1).to_bytes(8, sys.byteorder)
 
 
 def test_the_python_appender_is_the_one_without_the_c_module(monkeypatch) -> None:
@@ -301,10 +317,18 @@ _log_calls = st.tuples(
 )
 
 
-def _log(path: str, general_only: bool) -> CommitLog:
+def _seed(topic: str) -> np.ndarray:
+    """The ConsumeQueue's next offsets of a topic: orders 1 left to the queue loader."""
+    return np.array([3, -1] if topic == "orders" else [], dtype=np.int64)
+
+
+def _log(path: str, general_only: bool, seeded: bool = False) -> CommitLog:
     clock = Clock()
     config = CommitLogConfig(file_size_bytes=64 * 1024, prewarm=False, prepare_next_percent=30)
-    log = CommitLog.open(path, config, clock_ms=clock)
+    loaders: dict[str, Any] = {}
+    if seeded:  # queue offsets from "the ConsumeQueue": seeds, and one by one
+        loaders = {"topic_offsets_loader": _seed, "queue_offset_loader": lambda t, q: 40 + q}
+    log = CommitLog.open(path, config, clock_ms=clock, **loaders)
     if general_only:  # every append through the general path, as without the Appender
         log._append_common = lambda *args: None  # type: ignore[method-assign]
     log.enable_feed()
@@ -312,11 +336,13 @@ def _log(path: str, general_only: bool) -> CommitLog:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_log_calls, min_size=1, max_size=250))
-def test_one_call_path_writes_what_the_general_path_writes(tmp_path_factory, calls) -> None:
-    """Files (rolls included), results and feed entries, call for call."""
+@given(st.lists(_log_calls, min_size=1, max_size=250), st.booleans())
+def test_one_call_path_writes_what_the_general_path_writes(tmp_path_factory, calls, seeded) -> None:
+    """Files (rolls included), results, feed entries and queue offsets, call for call;
+    ``seeded``: queue offsets come from loaders (the fast path advances seeded queues
+    in their seed, the general path moves them into the table)."""
     root = tmp_path_factory.mktemp("paths")
-    logs = [_log(str(root / "fast"), False), _log(str(root / "general"), True)]
+    logs = [_log(str(root / "fast"), False, seeded), _log(str(root / "general"), True, seeded)]
     try:
         results: list[list[Any]] = [[], []]
         for topic, queue_id, body, tag, born, keys, properties in calls:

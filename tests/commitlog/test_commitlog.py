@@ -282,6 +282,75 @@ def test_topic_offsets_loader_seeds_the_table_once_per_topic(tmp_path, small_con
         log.close()
 
 
+_EMPTY_QUEUES = {  # a ConsumeQueue that has none of the log's records yet
+    "topic_offsets_loader": lambda topic: np.zeros(4, dtype=np.int64),
+    "queue_offset_loader": lambda topic, queue_id: 0,
+}
+
+
+def test_records_counted_after_open_win_over_a_seed_loaded_later(tmp_path):
+    """count_queues_from (records held from readers at open): a topic's seed loaded
+    after the count must not hand out the counted queue's offsets again."""
+    config = CommitLogConfig(file_size_bytes=64 * 1024, prewarm=False)
+    directory = str(tmp_path / "cl")
+    log = CommitLog.open(directory, config)
+    for _ in range(5):
+        log.append("t", 1, b"x")
+    end = log.write_position
+    log.close()
+    log = CommitLog.open(directory, config, recover_from=end, **_EMPTY_QUEUES)
+    try:
+        log.count_queues_from(0)  # the held records: in no ConsumeQueue yet
+        assert log.append("t", 0, b"x").queue_offset == 0  # loads t's seed (all 0)
+        assert log.append("t", 1, b"x").queue_offset == 5
+        assert log.append("t", 1, b"x").queue_offset == 6
+    finally:
+        log.close()
+
+
+def test_a_truncated_replica_counts_what_it_kept_over_a_seed_loaded_later(tmp_path):
+    """truncate_replica rescans what it keeps: a seed loaded after the cut must not
+    hand out those offsets again once the replica takes appends."""
+    config = CommitLogConfig(file_size_bytes=64 * 1024, prewarm=False)
+    leader = CommitLog.open(str(tmp_path / "leader"), config)
+    follower = CommitLog.open(str(tmp_path / "follower"), config, **_EMPTY_QUEUES)
+    try:
+        follower.set_follower(True)
+        cut = 0
+        for index in range(10):
+            leader.append("t", 1, b"x")
+            if index == 4:
+                cut = leader.write_position
+        end = leader.write_position
+        follower.append_replica(0, bytes(leader.file_for(0).mapping[:end]))
+        follower.truncate_replica(cut, 0)
+        follower.set_follower(False)
+        assert follower.append("t", 0, b"x").queue_offset == 0  # loads t's seed
+        assert follower.append("t", 1, b"x").queue_offset == 5
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_next_queue_offset_refuses_a_queue_id_out_of_range(tmp_path, small_config):
+    """A negative id must not reach the seeds (it would index one from its end and
+    wipe the last queue's offset)."""
+    from mqstore.commitlog.errors import InvalidArgumentError
+
+    log = CommitLog.open(
+        str(tmp_path / "cl"), small_config, topic_offsets_loader=lambda t: np.zeros(3, np.int64),
+        queue_offset_loader=lambda t, q: 0,
+    )  # fmt: skip
+    try:
+        for _ in range(3):
+            log.append("t", 2, b"x")
+        with pytest.raises(InvalidArgumentError):
+            log.next_queue_offset("t", -1)
+        assert log.append("t", 2, b"x").queue_offset == 3
+    finally:
+        log.close()
+
+
 def test_config_bounds():
     from mqstore.commitlog.errors import ConfigError
 
