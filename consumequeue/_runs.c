@@ -17,16 +17,68 @@
  *
  * One C pass instead of a Python loop saves the round a few hundred ns a unit: at
  * 4,096 and 100,000 queues nearly every unit lands here (docs/QUEUES.md).
+ *
+ * runs_register(cls): when new_run is cls, runs_append makes its runs here: array.array's
+ *   own constructor (cls's Python __new__ skipped) with the record index as the one
+ *   item, both int slots set to the queue offset, and the run taken out of the cyclic GC
+ *   (untracked_int_array's argument: raw int64 items and int slots make no cycle). At
+ *   100,000 queues nearly every unit starts a run, and the Python call to make one was
+ *   half of the pass (docs/QUEUES.md, stop 32). cls must be a direct Python subclass of
+ *   array.array whose only slots are first_offset and min_offset, with no __dict__ and
+ *   no __init__ of its own; anything else is a TypeError.
  */
 #include "../commitlog/_native.h"
+#include <structmember.h>
 
 static PyObject *name_first_offset, *name_append;
+static PyObject *run_type;   /* the class runs_register accepted, or NULL */
+static PyObject *run_array;  /* array.array, its base */
+static PyObject *run_code;   /* "q": the typecode of its items */
+static Py_ssize_t run_first_at, run_min_at; /* its two slots' offsets in an instance */
+
+/* A run of cls (run_type) at offset holding position: what cls(offset, position) makes. */
+static PyObject *run_new(int64_t offset, int64_t position) {
+    PyObject *item = PyBytes_FromStringAndSize((const char *)&position, 8);
+    if (item == NULL) return NULL;
+    PyObject *args = PyTuple_Pack(2, run_code, item);
+    Py_DECREF(item);
+    if (args == NULL) return NULL;
+    PyObject *run = ((PyTypeObject *)run_array)->tp_new((PyTypeObject *)run_type, args, NULL);
+    Py_DECREF(args);
+    if (run == NULL) return NULL;
+    if (Py_TYPE(run) != (PyTypeObject *)run_type || PyObject_Length(run) != 1) {
+        Py_DECREF(run);
+        PyErr_SetString(PyExc_TypeError, "runs_append: the registered class made no run");
+        return NULL;
+    }
+    PyObject *first = PyLong_FromLongLong(offset);
+    if (first == NULL) {
+        Py_DECREF(run);
+        return NULL;
+    }
+    PyObject **first_slot = (PyObject **)((char *)run + run_first_at);
+    PyObject **min_slot = (PyObject **)((char *)run + run_min_at);
+    Py_XSETREF(*first_slot, Py_NewRef(first));
+    Py_XSETREF(*min_slot, first);
+    if (PyObject_GC_IsTracked(run)) PyObject_GC_UnTrack(run);
+    return run;
+}
 
 /* 1: the run ends at offset (its first_offset + len == offset), 0: it does not, -1:
  * an error. */
 static int run_ends_at(PyObject *run, Py_ssize_t length, int64_t offset) {
-    PyObject *first = PyObject_GetAttr(run, name_first_offset);
-    if (first == NULL) return -1;
+    PyObject *first;
+    if (run_type != NULL && Py_TYPE(run) == (PyTypeObject *)run_type) { /* its slot */
+        first = *(PyObject **)((char *)run + run_first_at);
+        if (first == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "runs_append: a run has no first_offset");
+            return -1;
+        }
+        Py_INCREF(first);
+    } else {
+        first = PyObject_GetAttr(run, name_first_offset);
+        if (first == NULL) return -1;
+    }
     int64_t first_offset;
     int bad = !PyLong_Check(first) || as_i64(first, &first_offset) < 0;
     Py_DECREF(first);
@@ -53,7 +105,9 @@ static int take_unit(PyObject *runs, PyObject *new_run, PyObject *started, int32
     PyObject *at = PyLong_FromLongLong(position);
     if (at == NULL) goto done;
     if (run == NULL || run == Py_None || length == 0) { /* may start anywhere */
-        PyObject *made = PyObject_CallFunction(new_run, "LO", (long long)offset, at);
+        PyObject *made = new_run == run_type && run_type != NULL
+                             ? run_new(offset, position)
+                             : PyObject_CallFunction(new_run, "LO", (long long)offset, at);
         if (made != NULL) {
             if (PyDict_SetItem(runs, key, made) == 0 &&
                 PyDict_SetItem(started, key, run == NULL ? Py_None : run) == 0)
@@ -126,7 +180,62 @@ done:
     return result;
 }
 
+/* The offset of the object slot name in cls's own members, or -1. */
+static Py_ssize_t slot_at(PyTypeObject *cls, const char *name) {
+    for (PyMemberDef *m = cls->tp_members; m != NULL && m->name != NULL; m++) {
+        if (strcmp(m->name, name) == 0 && m->type == T_OBJECT_EX && !(m->flags & READONLY) &&
+            m->offset >= (Py_ssize_t)sizeof(PyVarObject) &&
+            m->offset <= cls->tp_basicsize - (Py_ssize_t)sizeof(PyObject *))
+            return m->offset;
+    }
+    return -1;
+}
+
+static PyObject *py_runs_register(PyObject *self, PyObject *cls) {
+    if (run_array == NULL) {
+        PyObject *module = PyImport_ImportModule("array");
+        if (module == NULL) return NULL;
+        PyObject *found = PyObject_GetAttrString(module, "array");
+        Py_DECREF(module);
+        if (found == NULL) return NULL;
+        if (!PyType_Check(found)) {
+            Py_DECREF(found);
+            PyErr_SetString(PyExc_TypeError, "runs_register: array.array is not a type");
+            return NULL;
+        }
+        run_array = found; /* kept for the life of the process */
+    }
+    int ok = PyType_Check(cls);
+    PyTypeObject *type = (PyTypeObject *)cls;
+    Py_ssize_t count = 0;
+    if (ok) {
+        for (PyMemberDef *m = type->tp_members; m != NULL && m->name != NULL; m++) count++;
+        ok = type->tp_base == (PyTypeObject *)run_array &&
+             (type->tp_flags & Py_TPFLAGS_HEAPTYPE) && type->tp_dictoffset == 0 &&
+             type->tp_weaklistoffset == ((PyTypeObject *)run_array)->tp_weaklistoffset &&
+             type->tp_init == ((PyTypeObject *)run_array)->tp_init && count == 2;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+        if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) ok = 0;
+#endif
+    }
+    Py_ssize_t first_at = ok ? slot_at(type, "first_offset") : -1;
+    Py_ssize_t min_at = ok ? slot_at(type, "min_offset") : -1;
+    if (first_at < 0 || min_at < 0 || first_at == min_at) {
+        PyErr_SetString(PyExc_TypeError,
+                        "runs_register: not a direct subclass of array.array whose only "
+                        "slots are first_offset and min_offset, without __dict__ or __init__");
+        return NULL;
+    }
+    if (run_code == NULL && (run_code = PyUnicode_InternFromString("q")) == NULL) return NULL;
+    Py_XSETREF(run_type, Py_NewRef(cls));
+    run_first_at = first_at;
+    run_min_at = min_at;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef runs_methods[] = {
+    {"runs_register", (PyCFunction)py_runs_register, METH_O,
+     "runs_register(cls): runs_append makes cls's runs in C when new_run is cls."},
     {"runs_append", (PyCFunction)(void (*)(void))mqstore_runs_append, METH_FASTCALL,
      "runs_append(runs, new_run, queue_ids, queue_offsets, first, total) -> (count, started): "
      "SharedUnitLog.append's pass over its units (see consumequeue/shared_runs.py)."},

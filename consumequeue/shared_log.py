@@ -184,7 +184,7 @@ class SharedUnitLog:
         # runs begun here: what they replaced (consumequeue/shared_runs.py)
         ids = np.ascontiguousarray(queue_ids[:total], dtype=np.int32)
         offsets = np.ascontiguousarray(queue_offsets[:total], dtype=np.int64)
-        count, started = runs_append(runs, SharedRun.of_unit, ids, offsets, first, total)
+        count, started = runs_append(runs, SharedRun, ids, offsets, first, total)
         if count == 0:
             return 0
         try:  # from here on a failure (the write, or building its records) sets back

@@ -1020,9 +1020,19 @@ def test_fuzz_runs_append(data: st.DataObject) -> None:
 
     assert NATIVE is not None
 
+    def slot_set(first_offset: Any) -> SharedRun:  # the C pass reads the slot directly
+        run = SharedRun(0, 1)
+        if first_offset is None:
+            del run.first_offset
+        else:
+            run.first_offset = first_offset
+        return run
+
     def hostile_run() -> Any:
-        return st.sampled_from([7, "ab", _OddRun([1]), None]) | st.builds(
-            lambda first: SharedRun(first, 1), i64.filter(lambda v: v >= 0)
+        return (
+            st.sampled_from([7, "ab", _OddRun([1]), None])
+            | st.builds(lambda first: SharedRun(first, 1), i64.filter(lambda v: v >= 0))
+            | st.builds(slot_set, st.sampled_from([None, "x", 2**70, -1, 2**63 - 1]))
         )
 
     def runs_of(draw_seed: list[Any]) -> dict[int, Any]:
@@ -1045,10 +1055,13 @@ def test_fuzz_runs_append(data: st.DataObject) -> None:
     total = data.draw(mostly(st.integers(0, length), hostile_int))
     failing = data.draw(mostly(st.just(False), st.just(True)))
 
-    def new_run(offset: int, position: int) -> Any:
+    def calling(offset: int, position: int) -> Any:
         if failing:
             raise ValueError("injected")
         return SharedRun.of_unit(offset, position)
+
+    # The class itself: the C pass makes its runs without a call (runs_register).
+    new_run: Any = data.draw(st.sampled_from([calling, SharedRun]))
 
     TRIED["runs_append"] += 1
     try:

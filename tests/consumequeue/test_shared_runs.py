@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+from array import array
 from typing import Any
 
 import numpy as np
@@ -46,11 +48,15 @@ def _snapshot(value: Any) -> Any:
     return (value.first_offset, value.min_offset, list(value))
 
 
-def _outcome(function: Any, description: dict[int, Any], units: list, first: int) -> Any:
+def _outcome(
+    function: Any, description: dict[int, Any], units: list, first: int, new_run: Any
+) -> Any:
     runs = _build(description)
     ids = np.array([queue_id for queue_id, _ in units], dtype=np.int32)
     offsets = np.array([offset for _, offset in units], dtype=np.int64)
-    count, started = function(runs, SharedRun.of_unit, ids, offsets, first, len(units))
+    count, started = function(runs, new_run, ids, offsets, first, len(units))
+    for run in runs.values():  # made by the pass or not: out of the cyclic GC
+        assert run is None or not gc.is_tracked(run)
     return (
         count,
         {queue_id: _snapshot(run) for queue_id, run in started.items()},
@@ -60,12 +66,47 @@ def _outcome(function: Any, description: dict[int, Any], units: list, first: int
 
 @native
 @settings(max_examples=300, deadline=None)
-@given(_runs, _units, st.integers(0, 10_000))
-def test_c_runs_append_is_its_python_twin(description, units, first) -> None:
+@given(_runs, _units, st.integers(0, 10_000), st.sampled_from(["class", "of_unit"]))
+def test_c_runs_append_is_its_python_twin(description, units, first, maker) -> None:
+    """new_run as the SharedRun class (the C pass makes the runs itself) or as
+    SharedRun.of_unit (called for each)."""
     assert NATIVE is not None
-    assert _outcome(NATIVE.runs_append, description, units, first) == _outcome(
-        runs_append_py, description, units, first
+    new_run = SharedRun if maker == "class" else SharedRun.of_unit
+    assert _outcome(NATIVE.runs_append, description, units, first, new_run) == _outcome(
+        runs_append_py, description, units, first, SharedRun.of_unit
     )
+
+
+@native
+def test_runs_register_takes_only_a_plain_run_class() -> None:
+    """A class whose instances the C pass could not make as SharedRun's is refused:
+    not an array.array subclass, a subclass of a subclass, other or extra slots, an
+    instance dict or an __init__ of its own."""
+    assert NATIVE is not None
+
+    class Deeper(SharedRun):
+        __slots__ = ()
+
+    class Dict(array):
+        first_offset: int
+        min_offset: int
+
+    class Extra(array):
+        __slots__ = ("first_offset", "min_offset", "other")
+
+    class Named(array):
+        __slots__ = ("first_offset", "lowest")
+
+    class Initialised(array):
+        __slots__ = ("first_offset", "min_offset")
+
+        def __init__(self, *args: Any) -> None:
+            pass
+
+    for cls in (list, Deeper, Dict, Extra, Named, Initialised, 7):
+        with pytest.raises(TypeError):
+            NATIVE.runs_register(cls)
+    NATIVE.runs_register(SharedRun)  # as at import: the accepted class stays
 
 
 @pytest.mark.parametrize("twin", ["c", "py"])
@@ -76,7 +117,7 @@ def test_a_pass_starts_extends_and_stops_at_the_first_unit_out_of_its_run(twin) 
     runs: dict[int, Any] = {1: SharedRun(10, 3), 2: SharedRun(4)}  # 2: empty
     ids = np.array([1, 2, 3, 1, 3, 1, 2], dtype=np.int32)
     offsets = np.array([11, 9, 0, 12, 1, 99, 10], dtype=np.int64)
-    count, started = function(runs, SharedRun.of_unit, ids, offsets, 500, 7)
+    count, started = function(runs, SharedRun, ids, offsets, 500, 7)
     assert count == 5  # queue 1 at 99 is not the next of its run: the pass stops there
     assert list(runs[1]) == [3, 500, 503] and runs[1].first_offset == 10
     assert list(runs[2]) == [501] and runs[2].first_offset == 9  # restarted at 9
