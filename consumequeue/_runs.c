@@ -23,9 +23,12 @@
  *   item, both int slots set to the queue offset, and the run taken out of the cyclic GC
  *   (untracked_int_array's argument: raw int64 items and int slots make no cycle). At
  *   100,000 queues nearly every unit starts a run, and the Python call to make one was
- *   half of the pass (docs/QUEUES.md, stop 32). cls must be a direct Python subclass of
- *   array.array whose only slots are first_offset and min_offset, with no __dict__ and
- *   no __init__ of its own; anything else is a TypeError.
+ *   half of the pass (docs/QUEUES.md, stop 32). The caller vouches that cls(offset,
+ *   position) makes just that (its own __new__ is not called). What is checked is what
+ *   memory safety needs: cls is a class of metaclass type (no custom mro), a direct
+ *   subclass of array.array whose only slots are first_offset and min_offset (object
+ *   slots, writable), with no __dict__ and no __init__ of its own; anything else is a
+ *   TypeError.
  */
 #include "../commitlog/_native.h"
 #include <structmember.h>
@@ -46,7 +49,7 @@ static PyObject *run_new(int64_t offset, int64_t position) {
     PyObject *run = ((PyTypeObject *)run_array)->tp_new((PyTypeObject *)run_type, args, NULL);
     Py_DECREF(args);
     if (run == NULL) return NULL;
-    if (Py_TYPE(run) != (PyTypeObject *)run_type || PyObject_Length(run) != 1) {
+    if (Py_TYPE(run) != (PyTypeObject *)run_type || Py_SIZE(run) != 1) { /* items: ob_size */
         Py_DECREF(run);
         PyErr_SetString(PyExc_TypeError, "runs_append: the registered class made no run");
         return NULL;
@@ -205,12 +208,15 @@ static PyObject *py_runs_register(PyObject *self, PyObject *cls) {
         }
         run_array = found; /* kept for the life of the process */
     }
-    int ok = PyType_Check(cls);
+    /* Exactly type as metaclass: no mro() of its own, which array.array's constructor,
+     * called here without tp_new_wrapper's subtype check, relies on. */
+    int ok = Py_IS_TYPE(cls, &PyType_Type);
     PyTypeObject *type = (PyTypeObject *)cls;
     Py_ssize_t count = 0;
     if (ok) {
         for (PyMemberDef *m = type->tp_members; m != NULL && m->name != NULL; m++) count++;
         ok = type->tp_base == (PyTypeObject *)run_array &&
+             PyType_IsSubtype(type, (PyTypeObject *)run_array) &&
              (type->tp_flags & Py_TPFLAGS_HEAPTYPE) && type->tp_dictoffset == 0 &&
              type->tp_weaklistoffset == ((PyTypeObject *)run_array)->tp_weaklistoffset &&
              type->tp_init == ((PyTypeObject *)run_array)->tp_init && count == 2;
@@ -227,9 +233,9 @@ static PyObject *py_runs_register(PyObject *self, PyObject *cls) {
         return NULL;
     }
     if (run_code == NULL && (run_code = PyUnicode_InternFromString("q")) == NULL) return NULL;
-    Py_XSETREF(run_type, Py_NewRef(cls));
     run_first_at = first_at;
     run_min_at = min_at;
+    Py_XSETREF(run_type, Py_NewRef(cls));
     Py_RETURN_NONE;
 }
 

@@ -1063,16 +1063,71 @@ def test_fuzz_runs_append(data: st.DataObject) -> None:
     # The class itself: the C pass makes its runs without a call (runs_register).
     new_run: Any = data.draw(st.sampled_from([calling, SharedRun]))
 
+    def shape(run: Any) -> Any:  # a run as the pass left it
+        if type(run) is not SharedRun:
+            return repr(run)
+        return (getattr(run, "first_offset", None), getattr(run, "min_offset", None), list(run))
+
     TRIED["runs_append"] += 1
+    runs = runs_of(shapes)
     try:
-        out = ("ok", NATIVE.runs_append(runs_of(shapes), new_run, ids, offsets, first, total))
+        out = ("ok", NATIVE.runs_append(runs, new_run, ids, offsets, first, total))
     except (*C_ERRORS, AttributeError) as error:
         out = ("raised", type(error))
     ACCEPTED["runs_append"] += out[0] == "ok"
     if out[0] == "ok":
-        twin = runs_append_py(runs_of(shapes), new_run, ids, offsets, first, total)
+        twin_runs = runs_of(shapes)
+        twin = runs_append_py(twin_runs, new_run, ids, offsets, first, total)
         assert out[1][0] == twin[0]
         assert sorted(out[1][1]) == sorted(twin[1])
+        assert {k: shape(v) for k, v in runs.items()} == {k: shape(v) for k, v in twin_runs.items()}
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_runs_register(data: st.DataObject) -> None:
+    """Classes of every shape offered to runs_register (bases, slots, a dict, an
+    __init__, a metaclass with its own mro, non-classes): it accepts or raises
+    TypeError, and a class it accepts makes sound runs in the C pass."""
+    from array import array
+
+    from mqstore.consumequeue.shared_runs import SharedRun
+
+    assert NATIVE is not None
+
+    class Hiding(type):
+        def mro(cls) -> list[type]:
+            return [cls, object]
+
+    base = data.draw(st.sampled_from([array, list, SharedRun, object]))
+    slots = data.draw(
+        st.none()
+        | st.lists(st.sampled_from(["first_offset", "min_offset", "x"]), unique=True, max_size=3)
+    )
+    namespace: dict[str, Any] = {} if slots is None else {"__slots__": tuple(slots)}
+    if data.draw(st.booleans()):
+        namespace["__init__"] = lambda self, *args: None
+    hiding = data.draw(st.booleans())
+    try:
+        made: Any = (Hiding if hiding else type)("Candidate", (base,), namespace)
+    except TypeError:  # a layout Python itself refuses
+        made = None
+    candidate = data.draw(st.sampled_from([made, 7, None, "q", array]))
+    TRIED["runs_register"] += 1
+    try:
+        NATIVE.runs_register(candidate)
+        ACCEPTED["runs_register"] += 1
+        offset = data.draw(st.integers(0, 2**62))
+        runs: dict[int, Any] = {}
+        ids, offsets = np.array([1], np.int32), np.array([offset], np.int64)
+        assert NATIVE.runs_append(runs, candidate, ids, offsets, 5, 1)[0] == 1
+        run = runs[1]
+        assert type(run) is candidate and list(run) == [5]
+        assert run.first_offset == run.min_offset == offset
+    except TypeError:
+        pass
+    finally:
+        NATIVE.runs_register(SharedRun)  # as at import
 
 
 @FUZZ

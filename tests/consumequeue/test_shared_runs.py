@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 from array import array
 from typing import Any
 
@@ -78,11 +79,44 @@ def test_c_runs_append_is_its_python_twin(description, units, first, maker) -> N
 
 
 @native
-def test_runs_register_takes_only_a_plain_run_class() -> None:
-    """A class whose instances the C pass could not make as SharedRun's is refused:
-    not an array.array subclass, a subclass of a subclass, other or extra slots, an
-    instance dict or an __init__ of its own."""
+def test_the_registered_class_makes_runs_with_no_python_call() -> None:
+    """With the class as new_run the C pass calls nothing in Python (not the class,
+    not of_unit), and the runs it makes hold their offsets (ints too large to be
+    cached, shared by both slots, with no reference lost or leaked)."""
     assert NATIVE is not None
+    offset = 2**40 + 12345
+    ids = np.array([3, 4, 3], dtype=np.int32)
+    offsets = np.array([offset, offset + 7, offset + 1], dtype=np.int64)
+    calls: list[str] = []
+    runs: dict[int, Any] = {}
+    sys.setprofile(lambda frame, event, arg: calls.append(event) if event == "call" else None)
+    try:
+        count, _ = NATIVE.runs_append(runs, SharedRun, ids, offsets, 9, 3)
+    finally:
+        sys.setprofile(None)
+    assert calls == [] and count == 3
+    run = runs[3]
+    assert type(run) is SharedRun and list(run) == [9, 11] and run.end == offset + 2
+    assert run.first_offset == run.min_offset == offset and not gc.is_tracked(run)
+    references = sys.getrefcount(run.first_offset)  # outside an assert: pytest holds values
+    assert run.first_offset is run.min_offset and references == 3  # two slots, the argument
+
+
+@native
+def test_runs_register_takes_only_a_plain_run_class() -> None:
+    """A class whose instances the C pass could not safely make as SharedRun's is
+    refused: not an array.array subclass, a subclass of a subclass, other or extra
+    slots, an instance dict, an __init__ of its own, or a metaclass (an mro() of its
+    own would hide array.array from its constructor, called without the class call's
+    checks)."""
+    assert NATIVE is not None
+
+    class Hiding(type):
+        def mro(cls) -> list[type]:
+            return [cls, object]
+
+    class Hidden(array, metaclass=Hiding):
+        __slots__ = ("first_offset", "min_offset")
 
     class Deeper(SharedRun):
         __slots__ = ()
@@ -103,7 +137,7 @@ def test_runs_register_takes_only_a_plain_run_class() -> None:
         def __init__(self, *args: Any) -> None:
             pass
 
-    for cls in (list, Deeper, Dict, Extra, Named, Initialised, 7):
+    for cls in (list, Deeper, Dict, Extra, Named, Initialised, Hidden, 7):
         with pytest.raises(TypeError):
             NATIVE.runs_register(cls)
     NATIVE.runs_register(SharedRun)  # as at import: the accepted class stays
