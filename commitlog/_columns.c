@@ -721,6 +721,23 @@ PyObject *mqstore_untracked_empty_list(PyObject *self, PyObject *const *args, Py
 
 static PyObject *array_type; /* array.array, looked up on the first call */
 
+PyObject *mqstore_array_type(void) {
+    if (array_type == NULL) {
+        PyObject *module = PyImport_ImportModule("array");
+        if (module == NULL) return NULL;
+        PyObject *found = PyObject_GetAttrString(module, "array");
+        Py_DECREF(module);
+        if (found == NULL) return NULL;
+        if (!PyType_Check(found)) {
+            Py_DECREF(found);
+            PyErr_SetString(PyExc_TypeError, "array.array is not a type");
+            return NULL;
+        }
+        array_type = found; /* kept for the life of the process */
+    }
+    return array_type;
+}
+
 /* untracked_int_array(obj) -> obj
  * Takes an instance of a subclass of array.array out of the cyclic GC when nothing in
  * it can reference a container: no instance dict, and every object slot of every
@@ -733,19 +750,7 @@ PyObject *mqstore_untracked_int_array(PyObject *self, PyObject *const *args, Py_
         PyErr_SetString(PyExc_TypeError, "untracked_int_array(obj)");
         return NULL;
     }
-    if (array_type == NULL) {
-        PyObject *module = PyImport_ImportModule("array");
-        if (module == NULL) return NULL;
-        PyObject *found = PyObject_GetAttrString(module, "array");
-        Py_DECREF(module);
-        if (found == NULL) return NULL;
-        if (!PyType_Check(found)) {
-            Py_DECREF(found);
-            PyErr_SetString(PyExc_TypeError, "untracked_int_array: array.array is not a type");
-            return NULL;
-        }
-        array_type = found; /* kept for the life of the process */
-    }
+    if (mqstore_array_type() == NULL) return NULL;
     PyObject *obj = args[0];
     PyTypeObject *type = Py_TYPE(obj);
     int ok = type != (PyTypeObject *)array_type &&

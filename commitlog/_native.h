@@ -310,6 +310,10 @@ int mqstore_add_runs_functions(PyObject *module);
 PyObject *mqstore_time_search(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mqstore_first_reaching(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* commitlog/_columns.c: array.array (a borrowed reference kept for the life of the
+ * process), or NULL with an exception set. */
+PyObject *mqstore_array_type(void);
+
 /* commitlog/_feed.c: feed_columns. */
 int mqstore_add_feed_functions(PyObject *m);
 

@@ -63,24 +63,23 @@ class QueueTable:
     def set(self, key: tuple[str, int], offset: int) -> None:
         """``table[key] = offset``, the queue's seed slot cleared."""
         self.table[key] = offset
-        topic, queue_id = key
+        self._in_table(*key)
+
+    def after_scan(self) -> None:
+        """After a scan wrote ``table`` directly (``scan_log``): its keys clear their
+        seed slots, now or when their topic's seed loads."""
+        for topic, queue_id in self.table:
+            self._in_table(topic, queue_id)
+
+    def _in_table(self, topic: str, queue_id: int) -> None:
+        """The queue is in ``table``: clear its seed slot, now or when its topic's seed
+        loads."""
         seed = self.seeds.get(topic)
         if seed is not None:
             if 0 <= queue_id < len(seed):
                 seed[queue_id] = -1
         elif topic not in self._asked:
             self._unseeded.setdefault(topic, set()).add(queue_id)
-
-    def after_scan(self) -> None:
-        """After a scan wrote ``table`` directly (``scan_log``): its keys clear their
-        seed slots, now or when their topic's seed loads."""
-        for topic, queue_id in self.table:
-            seed = self.seeds.get(topic)
-            if seed is not None:
-                if 0 <= queue_id < len(seed):
-                    seed[queue_id] = -1
-            elif topic not in self._asked:
-                self._unseeded.setdefault(topic, set()).add(queue_id)
 
     def clear(self) -> None:
         """Forget every offset (a replica truncated or restarted: it scans again)."""

@@ -35,7 +35,7 @@
 
 static PyObject *name_first_offset, *name_append;
 static PyObject *run_type;   /* the class runs_register accepted, or NULL */
-static PyObject *run_array;  /* array.array, its base */
+static PyObject *run_array;  /* array.array, its base (borrowed: kept for the process) */
 static PyObject *run_code;   /* "q": the typecode of its items */
 static Py_ssize_t run_first_at, run_min_at; /* its two slots' offsets in an instance */
 
@@ -195,19 +195,7 @@ static Py_ssize_t slot_at(PyTypeObject *cls, const char *name) {
 }
 
 static PyObject *py_runs_register(PyObject *self, PyObject *cls) {
-    if (run_array == NULL) {
-        PyObject *module = PyImport_ImportModule("array");
-        if (module == NULL) return NULL;
-        PyObject *found = PyObject_GetAttrString(module, "array");
-        Py_DECREF(module);
-        if (found == NULL) return NULL;
-        if (!PyType_Check(found)) {
-            Py_DECREF(found);
-            PyErr_SetString(PyExc_TypeError, "runs_register: array.array is not a type");
-            return NULL;
-        }
-        run_array = found; /* kept for the life of the process */
-    }
+    if (run_array == NULL && (run_array = mqstore_array_type()) == NULL) return NULL;
     /* Exactly type as metaclass: no mro() of its own, which array.array's constructor,
      * called here without tp_new_wrapper's subtype check, relies on. */
     int ok = Py_IS_TYPE(cls, &PyType_Type);
