@@ -342,10 +342,12 @@ static void built_clear(Built *b) {
 }
 
 static int append_build(AppenderObject *self, Built *b, int64_t position, int64_t queue_offset,
-                        int64_t stored, const Sections *s, PyObject *const *args, int with_entry) {
+                        int64_t stored, const Sections *s, PyObject *const *args, int with_entry,
+                        int with_next) {
     b->position = PyLong_FromLongLong(position);
     b->queue_offset = PyLong_FromLongLong(queue_offset);
-    b->next_offset = PyLong_FromLongLong(queue_offset + 1);
+    /* The table's next value; a seeded queue's is written into its seed instead. */
+    b->next_offset = with_next ? PyLong_FromLongLong(queue_offset + 1) : Py_NewRef(Py_None);
     b->stored = PyLong_FromLongLong(stored);
     b->size = PyLong_FromLongLong(s->size);
     if (!b->position || !b->queue_offset || !b->next_offset || !b->stored || !b->size) return -1;
@@ -470,7 +472,8 @@ static int append_locked(AppenderObject *self, PyObject *const *args, PyObject *
         return -1;
     }
     int with_entry = feeding && PyList_GET_SIZE(feed) < self->feed_entries_max;
-    if (append_build(self, b, position, queue_offset, stored, s, args, with_entry) < 0) return -1;
+    if (append_build(self, b, position, queue_offset, stored, s, args, with_entry, !seeded) < 0)
+        return -1;
     Py_buffer out;
     if (PyObject_GetBuffer(self->mapping, &out, PyBUF_WRITABLE) < 0) {
         if (PyErr_ExceptionMatches(PyExc_BufferError)) { /* read-only: a caller's mistake */
