@@ -218,6 +218,7 @@ class Dispatcher:
         # Re-arms the append listener when it is called once per arming (set_arm).
         self._arm: Callable[[], None] = _no_arm
         self._round_listener: Callable[[], None] | None = None
+        self._before_publish: Callable[[], None] | None = None  # see set_before_publish
         self._round_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._tag_hashes: dict[bytes, int] = {}
@@ -478,6 +479,13 @@ class Dispatcher:
             return
         self._round_in_caller(None, "after a sync")
 
+    def set_before_publish(self, prepare: Callable[[], None] | None) -> None:
+        """Call ``prepare()`` in every round that has records to dispatch, after the
+        round fixed its end and before it writes a unit: what the appends below that
+        end registered (a topic ``put`` grew) is persisted before their records become
+        readable. If it raises, the round fails and is retried as any round is."""
+        self._before_publish = prepare
+
     def set_round_listener(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener()`` after every round that dispatched records (after the
         in-process waiters are woken); it must not raise."""
@@ -499,6 +507,9 @@ class Dispatcher:
             end = min(end, self._position + bytes_max)
         if end <= self._position:
             return 0
+        prepare = self._before_publish
+        if prepare is not None:
+            prepare()  # every append below ``end`` made its changes before ``end`` was read
         try:
             return self._dispatch_until(end)
         except CorruptDataError as error:  # the same bytes would fail the same way

@@ -379,14 +379,15 @@ class CommitLogEngine:
                 raise InvalidArgumentError(
                     f"queue_id {queue_id}: a topic has at most {PARTITIONS_MAX} partitions"
                 )
-            if config is None:
-                config = TopicConfig(
-                    name=name,
-                    partitions=max(queue_id + 1, self.config.auto_create_topic_partitions),
-                    timestamp_type=self.config.default_timestamp_type,
-                )
-            else:
-                config = attrs.evolve(config, partitions=queue_id + 1)
+            if config is not None:
+                # In memory; the registry file follows before the dispatch round that
+                # makes the new queue's records readable (TopicRegistry.grow).
+                return self.topics.grow(name, queue_id + 1)
+            config = TopicConfig(
+                name=name,
+                partitions=max(queue_id + 1, self.config.auto_create_topic_partitions),
+                timestamp_type=self.config.default_timestamp_type,
+            )
             log.info("auto-created %s with %d partition(s)", name, config.partitions)
             return self.topics.put(config)
 

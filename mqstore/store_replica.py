@@ -247,7 +247,9 @@ class ReplicaStore:
         return end
 
     def replica_topics(self) -> bytes:
-        """The topic registry's bytes, for a follower (b"": no topic yet)."""
+        """The topic registry's bytes, for a follower (b"": no topic yet), with every
+        topic ``put`` grew."""
+        self.topics.persist_pending()
         return self.topics.raw()
 
     def apply_replica_topics(self, raw: bytes) -> None:

@@ -11,6 +11,15 @@ fsync the directory)::
 
 Load validates the format, version, checksum and every field; a file that fails is
 refused with CorruptDataError (path, position 0): topic metadata is never guessed.
+
+Every change is written before it returns, but one: a topic that ``put`` grows
+(``grow``: more partitions of a topic that exists) changes in memory, and the file
+follows at the next ``persist_pending``. The store calls it before the dispatch round
+that makes the grown queues' first records readable, so a reader in another process
+never sees a record of a partition its registry does not have yet. A crash before the
+file is written loses nothing: the writer's next open registers every queue that holds
+records (``CommitLogEngine._register_written_queues``). One durable write per put that
+grows a topic cost 0.7 ms, and a put to each of 100,000 new queues 71 s.
 """
 
 from __future__ import annotations
@@ -250,9 +259,15 @@ class TopicRegistry:
     def __init__(self, root: str, read_only: bool) -> None:
         self.path = os.path.join(root, TOPICS_NAME)
         self.read_only = read_only
+        # _lock guards the dict; _write_lock orders the file's writes, each of a
+        # snapshot taken under it, so that an older snapshot never lands last. A grow
+        # takes only _lock: it never waits for a write.
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
         self._mtime_ns = 0
+        self._grown = 0  # growths so far (see grow)
+        self._written = 0  # growths the file holds
         self.load()
 
     def load(self) -> None:
@@ -284,18 +299,72 @@ class TopicRegistry:
         return dict(self._topics)
 
     def put(self, config: TopicConfig) -> TopicConfig:
-        """Add or replace a topic and persist the registry atomically."""
+        """Add or replace a topic and persist the registry atomically. Partitions never
+        shrink: a topic that grew meanwhile keeps its count."""
         if self.read_only:  # a caller can do this: never an assert (python -O drops it)
             raise ReadOnlyStoreError("the store is open read-only: cannot change topics")
         check_topic_config(config)
         if not config.created_ms:
             config = attrs.evolve(config, created_ms=time.time_ns() // 1_000_000)
-        with self._lock:
-            topics = dict(self._topics)
+        with self._write_lock:
+            with self._lock:
+                config = _not_shrunk(config, self._topics.get(config.name))
+                grown = self._grown
+                topics = dict(self._topics)
             topics[config.name] = config
             self._write(topics)
-            self._topics = topics
+            self._written = grown
+            with self._lock:  # published once durable; a growth during the write stays
+                config = _not_shrunk(config, self._topics.get(config.name))
+                self._topics = {**self._topics, config.name: config}
         return config
+
+    def grow(self, name: str, partitions: int) -> TopicConfig:
+        """Give topic ``name`` ``partitions`` partitions, in memory; the file follows
+        at the next ``persist_pending`` (see the module's docstring). A topic that has
+        as many already is left as it is.
+
+        Raises:
+            ReadOnlyStoreError: the store is open read-only.
+            KeyError: no topic ``name`` (create it with ``put``).
+            InvalidArgumentError: ``partitions`` is past PARTITIONS_MAX.
+        """
+        if self.read_only:
+            raise ReadOnlyStoreError("the store is open read-only: cannot change topics")
+        if partitions > PARTITIONS_MAX:
+            raise InvalidArgumentError(f"a topic has at most {PARTITIONS_MAX} partitions")
+        with self._lock:
+            config = self._topics[name]
+            if partitions <= config.partitions:
+                return config
+            grown = attrs.evolve(config, partitions=partitions)
+            # In place: the key exists, so the dict's size does not change under a
+            # reader copying it (all, the writers' snapshots).
+            self._topics[name] = grown
+            self._grown += 1
+        return grown
+
+    @property
+    def pending(self) -> bool:
+        """Whether a growth waits for ``persist_pending``."""
+        return self._grown != self._written
+
+    def persist_pending(self) -> None:
+        """Write the file if a topic grew since the last write (atomically and
+        durably, as ``put`` does); nothing otherwise (two attribute reads).
+
+        Raises:
+            OSError: the write failed (a full disk...): the growth stays pending.
+        """
+        if self._grown == self._written:
+            return
+        with self._write_lock:
+            with self._lock:
+                grown = self._grown
+                topics = dict(self._topics)
+            if grown != self._written:
+                self._write(topics)
+                self._written = grown
 
     def raw(self) -> bytes:
         """The registry file's bytes as persisted (b"": no topic yet): what a leader
@@ -317,9 +386,11 @@ class TopicRegistry:
         if self.read_only:
             raise ReadOnlyStoreError("the store is open read-only: cannot change topics")
         topics = _parse("<leader's topics>", raw)
-        with self._lock:
+        with self._write_lock:
             self._write(topics)
-            self._topics = topics
+            with self._lock:
+                self._topics = topics
+                self._written = self._grown  # a follower's topics are its leader's
 
     def _write(self, topics: dict[str, TopicConfig]) -> None:
         body = {name: topic.to_json() for name, topic in sorted(topics.items())}
@@ -330,6 +401,13 @@ class TopicRegistry:
             "checksum": json_checksum(body),
         }
         write_json_atomically(self.path, document)
+
+
+def _not_shrunk(config: TopicConfig, current: TopicConfig | None) -> TopicConfig:
+    """``config``, with ``current``'s partitions if it has more (they never shrink)."""
+    if current is not None and current.partitions > config.partitions:
+        return attrs.evolve(config, partitions=current.partitions)
+    return config
 
 
 def _parse(path: str, raw: bytes) -> dict[str, TopicConfig]:

@@ -412,10 +412,12 @@ class ReplicaLeader:
 
     def _snapshot(self, request: ReplicaFetchRequest) -> tuple[bytes | None, int]:
         """(the topic registry if the follower's differs, else None; the replicable
-        end), read in that order: a topic is registered before its first record is
-        appended, so every record before the end has its topic in the registry."""
-        topics = self.source.replica_topics()
+        end). The end is read first: a topic is registered (and grown) before its
+        records are appended, so every record before the end has its partition in the
+        registry read after. Read the other way, a put between the two reads would send
+        a record of a partition the follower's registry lacks."""
         end = self.source.replicable_end
+        topics = self.source.replica_topics()
         if not topics or zlib.crc32(topics) == request.topics_crc:
             return None, end  # current, or no registry yet (nothing to adopt)
         return topics, end

@@ -245,6 +245,29 @@ def test_feed_runs_with_tags_keys_born_and_batches_match_the_log(parts):
             assert queue.timestamps(0, len(records)).tolist() == want
 
 
+def test_before_publish_runs_once_per_round_with_records_before_any_unit(parts):
+    dispatcher = parts.dispatcher()
+    seen: list[int] = []  # units of queue (orders, 0) when the hook ran
+    dispatcher.set_before_publish(lambda: seen.append(parts.queues.queue("orders", 0).max_offset))
+    assert dispatcher.dispatch_available() == 0 and seen == []  # nothing to dispatch
+    parts.append(6)
+    assert dispatcher.dispatch_available() == 6
+    assert seen == [0]  # before the round wrote its units (orders 0 got 1 of the 6)
+    assert dispatcher.dispatch_available() == 0 and seen == [0]
+
+    def failing() -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    dispatcher.set_before_publish(failing)
+    parts.append(6, first=6)
+    with pytest.raises(OSError):
+        dispatcher.dispatch_available()
+    assert parts.queues.queue("orders", 0).max_offset == 1  # nothing was published
+    dispatcher.set_before_publish(None)  # as a retry after the disk has room
+    assert dispatcher.dispatch_available() == 6
+    _assert_matches_log(parts)
+
+
 def test_a_round_budget_ending_inside_a_record_prefix_still_advances(parts):
     """A byte budget ending fewer than 16 bytes past a record start: the record is
     parsed whole. (Before: "dispatch made no progress", a round failing forever.)"""

@@ -310,3 +310,59 @@ def test_acknowledged_puts_survive_a_second_cut_after_a_reopen_below_the_claim(t
         assert bodies[0] == b"seed" and len(bodies) == end
     finally:
         mount.unmount()
+
+
+_GROWING_WRITER = """
+import sys, time
+from bench.powerloss import per_path_syncs
+from mqstore import MessageStore, StoreConfig
+
+config = StoreConfig(
+    flush_mode="async", prewarm=False, commitlog_file_size_bytes=1 << 20,
+    flush_interval_ms=60_000, checkpoint_interval_ms=600_000,
+)
+with per_path_syncs():
+    store = MessageStore.open(sys.argv[1], config)
+    store.create_topic("grown", 1)
+    for queue_id in range(1, 600):  # each put grows the topic, in memory
+        store.put("grown", queue_id, b"q%d" % queue_id)
+    store.commitlog.flush_to(store.commitlog.write_position)  # every record is durable
+    print(store.commitlog.flushed_position, flush=True)
+    time.sleep(60)  # until killed
+"""
+
+
+@needs_fuse
+def test_partitions_a_put_grew_survive_a_power_cut_with_their_records(tmp_path):
+    """A put that grows a topic leaves the registry file to the next dispatch round
+    (TopicRegistry.grow). Records made durable before the cut must come back with
+    their partitions, whether or not the registry file followed before it."""
+    import subprocess
+    import sys
+
+    from bench.powerfs import Mount
+    from mqstore import MessageStore
+    from mqstore.commitlog.durable import fsync_directory
+
+    mount = Mount(str(tmp_path / "backing"), str(tmp_path / "mnt"))
+    mount.mount()
+    store = os.path.join(mount.mountpoint, "store")
+    os.makedirs(store)
+    fsync_directory(mount.mountpoint)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _GROWING_WRITER, store], stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None
+        assert int(child.stdout.readline()) > 0
+        child.kill()
+        child.wait(30)
+        mount.cut(seed=2)
+        mount.mount()
+        with MessageStore.open(store) as reopened:
+            assert reopened.describe_topic("grown").partitions == 600
+            for queue_id in range(1, 600):
+                got = [bytes(m.body) for m in reopened.get("grown", queue_id, 0, 2)]
+                assert got == [b"q%d" % queue_id]
+    finally:
+        mount.unmount()

@@ -10,7 +10,13 @@ queue) is refused with UnknownTopicError.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -23,8 +29,12 @@ from mqstore import (
     TopicPartition,
     UnknownTopicError,
 )
+from mqstore.commitlog.errors import InvalidArgumentError
 from mqstore.segmented import SegmentedConfig, SegmentedStore
+from mqstore.topics import PARTITIONS_MAX, TopicConfig, TopicRegistry
 from tests.mqstore.conftest import SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _off() -> StoreConfig:
@@ -148,6 +158,126 @@ def test_queues_written_before_topics_were_registered_are_adopted(tmp_path):
     with MessageStore.open(root) as store:
         assert store.describe_topic("old").partitions == 4
         assert [m.value for m in store.get("old", 3, 0, 1)] == [b"x"]
+
+
+# ---------------------------------------------------------------- growth by put
+
+
+def _on_disk(root) -> TopicRegistry:
+    return TopicRegistry(str(root), read_only=True)
+
+
+def test_a_growth_stays_in_memory_until_persisted_or_written_with_a_change(tmp_path, monkeypatch):
+    registry = TopicRegistry(str(tmp_path), read_only=False)
+    registry.put(TopicConfig(name="t", partitions=1))
+    assert registry.grow("t", 5).partitions == 5
+    assert registry.get("t").partitions == 5 and registry.pending
+    assert _on_disk(tmp_path).get("t").partitions == 1  # the file has not followed yet
+    assert registry.grow("t", 3).partitions == 5  # never shrinks
+    registry.persist_pending()
+    assert not registry.pending and _on_disk(tmp_path).get("t").partitions == 5
+    registry.grow("t", 7)
+    registry.put(TopicConfig(name="u", partitions=1))  # any write carries the growth
+    on_disk = _on_disk(tmp_path)
+    assert not registry.pending and on_disk.get("t").partitions == 7 and on_disk.get("u")
+    with pytest.raises(InvalidArgumentError):
+        registry.grow("t", PARTITIONS_MAX + 1)
+    with pytest.raises(ReadOnlyStoreError):
+        on_disk.grow("t", 9)
+    with pytest.raises(KeyError):
+        registry.grow("nope", 2)  # growth is of a topic that exists: creation is a put
+
+    def full(*_args: object) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    registry.grow("t", 8)
+    monkeypatch.setattr("mqstore.topics.write_json_atomically", full)
+    with pytest.raises(OSError):
+        registry.persist_pending()
+    assert registry.pending  # kept for the next try
+    monkeypatch.undo()
+    registry.persist_pending()
+    assert _on_disk(tmp_path).get("t").partitions == 8
+
+
+def test_a_change_written_while_puts_grow_the_topic_never_shrinks_it(tmp_path):
+    registry = TopicRegistry(str(tmp_path), read_only=False)
+    first = registry.put(TopicConfig(name="t", partitions=1))
+    registry.grow("t", 4)
+    assert registry.put(attrs.evolve(first, retention_ms=1_000)).partitions == 4
+
+    def grower() -> None:
+        for partitions in range(5, 2_005):
+            registry.grow("t", partitions)
+
+    thread = threading.Thread(target=grower)
+    thread.start()
+    for retention_ms in range(2_000, 2_040):  # each put copies a config from before
+        registry.put(attrs.evolve(first, retention_ms=retention_ms))
+        registry.persist_pending()  # as the dispatcher's rounds do meanwhile
+    thread.join()
+    registry.persist_pending()
+    for seen in (registry, _on_disk(tmp_path)):
+        topic = seen.get("t")
+        assert (topic.partitions, topic.retention_ms) == (2_004, 2_039)
+
+
+def test_a_reader_knows_every_partition_whose_records_it_can_read(tmp_path):
+    """A put that grows a topic does not write the registry; the dispatch round that
+    makes the new queue's record readable writes it first."""
+    root = tmp_path / "store"
+    with MessageStore.open(root, StoreConfig(**SMALL)) as writer:
+        writer.create_topic("t", 1)
+        with MessageStore.open(root, read_only=True) as reader:
+            for queue_id in range(1, 120):
+                writer.put("t", queue_id, b"x")
+                assert writer.wait_for("t", queue_id, 0, 5000)
+                assert reader.max_offset("t", queue_id) == 1  # UnknownTopicError otherwise
+
+
+def test_a_crash_before_the_registry_follows_loses_no_partition(tmp_path):
+    root = tmp_path / "store"
+    store = MessageStore.open(root, StoreConfig(**SMALL))
+    store.create_topic("t", 1)
+
+    def crash_first() -> None:  # the process dies before its rounds write anything
+        raise OSError(5, "Input/output error (injected)")
+
+    assert store._dispatcher is not None
+    store._dispatcher.set_before_publish(crash_first)
+    for queue_id in range(1, 40):
+        store.put("t", queue_id, b"v%d" % queue_id)
+    store._crash()
+    assert _on_disk(root).get("t").partitions == 1  # the growths never reached the file
+    with MessageStore.open(root, StoreConfig(**SMALL)) as reopened:
+        assert reopened.describe_topic("t").partitions == 40
+        for queue_id in range(1, 40):
+            assert [m.value for m in reopened.get("t", queue_id, 0, 2)] == [b"v%d" % queue_id]
+    assert _on_disk(root).get("t").partitions == 40
+
+
+KILLED_WRITER = f"""
+import os, signal, sys
+from mqstore import MessageStore, StoreConfig
+store = MessageStore.open(sys.argv[1], StoreConfig(**{SMALL!r}))
+store.create_topic("t", 1)
+for queue_id in range(1, 3000):
+    store.put("t", queue_id, b"v%d" % queue_id)
+os.kill(os.getpid(), signal.SIGKILL)  # at once: the last growths are likely in memory only
+"""
+
+
+def test_a_writer_killed_right_after_growing_puts_loses_no_partition(tmp_path):
+    root = tmp_path / "store"
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(root)], cwd=ROOT, timeout=120, check=False
+    )
+    assert child.returncode == -signal.SIGKILL
+    with MessageStore.open(root, StoreConfig(**SMALL)) as reopened:
+        assert reopened.describe_topic("t").partitions == 3000
+        for queue_id in (1, 1500, 2999):
+            assert [m.value for m in reopened.get("t", queue_id, 0, 2)] == [b"v%d" % queue_id]
+        assert all(reopened.max_offset("t", q) == 1 for q in range(1, 3000))
 
 
 def test_the_segmented_engine_auto_creates_too(tmp_path):

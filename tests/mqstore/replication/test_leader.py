@@ -4,6 +4,7 @@ leader never sent (and does not count it), and hostile frames close one connecti
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -18,7 +19,12 @@ from mqstore import MessageStore, StoreConfig
 from mqstore.broker import Broker, BrokerConfig
 from mqstore.commitlog.batch import Trailer
 from mqstore.replication.fetcher import ReplicaFetcher
-from mqstore.replication.leader import OFFSET_OUT_OF_RANGE, ReplicationConfig, read_chunk
+from mqstore.replication.leader import (
+    OFFSET_OUT_OF_RANGE,
+    ReplicaLeader,
+    ReplicationConfig,
+    read_chunk,
+)
 from mqstore.replication.protocol import (
     FRAME_SIZE,
     HEADER,
@@ -88,6 +94,34 @@ def test_a_fetch_returns_whole_records_from_the_followers_end(store, broker):
     assert len(one.data) == sizes[1]
     current = _ask(broker, _request(0, crc=zlib.crc32(store.replica_topics())))
     assert current.topics is None  # the follower's registry is the leader's
+
+
+def test_every_record_below_a_snapshots_end_has_its_partition_in_its_topics(store, monkeypatch):
+    """A put that grows its topic lands between the snapshot's two reads."""
+    store.put("t", 0, b"first")
+    leader = ReplicaLeader(store)
+    real_topics = type(store).replica_topics
+    real_end = type(store).replicable_end
+    grown = iter(range(1, 5))
+
+    def put_then(read: Any) -> Any:
+        def between(self: Any) -> Any:
+            value = read(self)
+            queue_id = next(grown, None)
+            if queue_id is not None:
+                self.put("t", queue_id, b"grows")  # after this read, before the other
+            return value
+
+        return between
+
+    monkeypatch.setattr(type(store), "replica_topics", put_then(real_topics))
+    monkeypatch.setattr(type(store), "replicable_end", property(put_then(real_end.fget)))
+    for _ in range(2):
+        topics, end = leader._snapshot(_request(0))
+        assert topics is not None
+        partitions = json.loads(topics)["topics"]["t"]["partitions"]
+        queues = {r.queue_id for r in store.commitlog.iter_records(0, end)}
+        assert max(queues) < partitions
 
 
 def test_a_blank_record_is_sent_whole_and_alone(store):
