@@ -218,7 +218,7 @@ class Dispatcher:
         # Re-arms the append listener when it is called once per arming (set_arm).
         self._arm: Callable[[], None] = _no_arm
         self._round_listener: Callable[[], None] | None = None
-        self._before_publish: Callable[[], None] | None = None  # see set_before_publish
+        self._before_publish: Callable[[], object] | None = None  # see set_before_publish
         self._round_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._tag_hashes: dict[bytes, int] = {}
@@ -479,7 +479,7 @@ class Dispatcher:
             return
         self._round_in_caller(None, "after a sync")
 
-    def set_before_publish(self, prepare: Callable[[], None] | None) -> None:
+    def set_before_publish(self, prepare: Callable[[], object] | None) -> None:
         """Call ``prepare()`` in every round that has records to dispatch, after the
         round fixed its end and before it writes a unit: what the appends below that
         end registered (a topic ``put`` grew) is persisted before their records become

@@ -411,10 +411,16 @@ class CommitLogEngine:
 
     def _register_written_queues(self) -> int:
         """Register the topics and queues that hold records but no topic entry (a
-        store written before every put registered its topic); return how many
-        topics were added or grown. A writer's open calls it; a reader never does."""
+        store written before every put registered its topic, or a crash before the
+        registry followed a put's growth); return how many topics were added or
+        grown. A writer's open calls it; a reader never does."""
         counts: dict[str, int] = {}
-        for topic, queue_id in self.consume_queues.existing_queues():
+        # The ConsumeQueues' queues, and those recovery counted in the CommitLog: a
+        # store held at open (replicated) dispatches some of them only later, and a
+        # put's growth is not written before its records (TopicRegistry.grow).
+        queues = set(self.consume_queues.existing_queues())
+        queues.update(self.commitlog.queue_offsets())
+        for topic, queue_id in queues:
             counts[topic] = max(counts.get(topic, 0), queue_id + 1)
         changed = 0
         for topic, partitions in sorted(counts.items()):

@@ -315,7 +315,7 @@ class MessageStore(
         dispatcher = self._dispatcher
         assert dispatcher is not None
         dispatcher.use_feed()
-        dispatcher.set_before_publish(self.topics.persist_pending)  # topics put grew
+        dispatcher.set_before_publish(self.topics.try_persist_pending)  # topics put grew
         # Async: appends wake the dispatcher thread, or a waiting reader that dispatches
         # (Dispatcher.appended). Sync: bytes become readable when a sync ends, and its
         # leader dispatches them itself (Dispatcher.dispatch_now).
@@ -392,7 +392,7 @@ class MessageStore(
             raise FlushFailedError(f"closed after a failed sync: {failure}") from failure
         if self._dispatcher is not None:
             self._dispatcher.close()  # dispatches what remains
-        self.topics.persist_pending()  # a growth whose put then failed
+        self.topics.try_persist_pending()  # a growth no record followed
         self._write_checkpoint(derived=True)
         if isinstance(self._compaction, CompactionLogs):
             self._compaction.copy_all()  # everything is flushed now: copy it all

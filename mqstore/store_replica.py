@@ -249,7 +249,7 @@ class ReplicaStore:
     def replica_topics(self) -> bytes:
         """The topic registry's bytes, for a follower (b"": no topic yet), with every
         topic ``put`` grew."""
-        self.topics.persist_pending()
+        self.topics.try_persist_pending()
         return self.topics.raw()
 
     def apply_replica_topics(self, raw: bytes) -> None:

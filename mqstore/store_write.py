@@ -99,14 +99,18 @@ class StoreWriter:
             )
         except TypeError:  # an unhashable topic: the checks below say what is wrong
             ready = False
-        if not ready:
-            self._check_put(topic, queue_id)
-            if self._compacted_topic(topic):  # never on the fast path
-                check_compaction_keys(topic, (keys,), (properties,), 1)
-        result = self._append(
-            topic, queue_id, body, keys=keys, tag=tag, properties=properties,
-            born_ts_ms=born_timestamp_ms,
-        )  # fmt: skip
+        try:
+            if not ready:
+                self._check_put(topic, queue_id)
+                if self._compacted_topic(topic):  # never on the fast path
+                    check_compaction_keys(topic, (keys,), (properties,), 1)
+            result = self._append(
+                topic, queue_id, body, keys=keys, tag=tag, properties=properties,
+                born_ts_ms=born_timestamp_ms,
+            )  # fmt: skip
+        except BaseException:
+            self._keep_growth()
+            raise
         if result[0] > self._help_dispatch_past:
             self._help_dispatch_if_behind(result[0])
         if self._replicated_wait is not None and topic not in INTERNAL_TOPICS:
@@ -236,13 +240,17 @@ class StoreWriter:
         second (a list of bodies, no keys or properties, is encoded in C).
         """
         self._check_writable()
-        self._check_queue_for_write(topic, queue_id)
-        if self._compacted_topic(topic):
-            check_compaction_keys(topic, keys, properties, len(bodies))
-        result = self.commitlog.append_batch(
-            topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
-            born_ts_ms=born_timestamp_ms, trailer=trailer,
-        )  # fmt: skip
+        try:
+            self._check_queue_for_write(topic, queue_id)
+            if self._compacted_topic(topic):
+                check_compaction_keys(topic, keys, properties, len(bodies))
+            result = self.commitlog.append_batch(
+                topic, queue_id, bodies, keys=keys, tags=tags, properties=properties,
+                born_ts_ms=born_timestamp_ms, trailer=trailer,
+            )  # fmt: skip
+        except BaseException:
+            self._keep_growth()
+            raise
         self._after_batch()
         return result
 
@@ -268,13 +276,17 @@ class StoreWriter:
                 of the wrong length; and the errors of ``put_batch``.
         """
         self._check_writable()
-        self._check_queue_for_write(topic, queue_id)
-        if self._compacted_topic(topic):
-            check_compaction_keys(topic, None, None, len(offsets) - 1)
-        result = self.commitlog.append_slices(
-            topic, queue_id, offsets, data, nulls=nulls, tag=tag, born_ts_ms=born_timestamp_ms,
-            trailer=trailer,
-        )  # fmt: skip
+        try:
+            self._check_queue_for_write(topic, queue_id)
+            if self._compacted_topic(topic):
+                check_compaction_keys(topic, None, None, len(offsets) - 1)
+            result = self.commitlog.append_slices(
+                topic, queue_id, offsets, data, nulls=nulls, tag=tag,
+                born_ts_ms=born_timestamp_ms, trailer=trailer,
+            )  # fmt: skip
+        except BaseException:
+            self._keep_growth()
+            raise
         self._after_batch()
         return result
 
@@ -301,6 +313,14 @@ class StoreWriter:
         config = self.topics.get(topic)
         if config is None or queue_id >= config.partitions:
             self._create_queue(topic, int(queue_id))
+
+    def _keep_growth(self) -> None:
+        """A write failed after its checks may have grown its topic (TopicRegistry.grow)
+        and no record will make the dispatcher write the registry: write it now, as
+        the growth was written before it moved to memory (partitions never shrink,
+        not even after a crash). A failure here is logged; the write's error stands."""
+        if self.topics.pending:
+            self.topics.try_persist_pending()
 
     def _compacted_topic(self, topic: str) -> bool:
         config = self.topics.get(topic)

@@ -18,13 +18,19 @@ follows at the next ``persist_pending``. The store calls it before the dispatch 
 that makes the grown queues' first records readable, so a reader in another process
 never sees a record of a partition its registry does not have yet. A crash before the
 file is written loses nothing: the writer's next open registers every queue that holds
-records (``CommitLogEngine._register_written_queues``). One durable write per put that
-grows a topic cost 0.7 ms, and a put to each of 100,000 new queues 71 s.
+records (``CommitLogEngine._register_written_queues``: the ConsumeQueues' queues and
+those recovery counted in the CommitLog). A write that fails after growing its topic
+writes the registry at once: partitions never shrink, even after a crash. A registry
+write that fails (a full disk) holds back no record: it is logged and retried every
+round (``try_persist_pending``), and only readers in other processes wait for the new
+partitions. One durable write per put that grows a topic cost 0.7 ms, and a put to
+each of 100,000 new queues 71 s.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -55,9 +61,13 @@ __all__ = [
     "parse_kafka_configs",
 ]
 
+log = logging.getLogger(__name__)
+
 TOPICS_NAME: Final = "topics"
 FORMAT: Final = "mqstore-topics"
 VERSION: Final = 1
+#: How often a registry write that keeps failing is logged (try_persist_pending).
+PERSIST_WARN_INTERVAL_S: Final = 10.0
 PARTITIONS_MAX: Final = 1 << 20  # queue ids are int32; a million partitions is plenty
 TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
 CLEANUP_POLICIES: Final = ("delete", "compact", "compact,delete")  # Kafka's names
@@ -265,9 +275,10 @@ class TopicRegistry:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
-        self._mtime_ns = 0
+        self._version: tuple[int, ...] = ()  # the file's identity when loaded (refresh)
         self._grown = 0  # growths so far (see grow)
         self._written = 0  # growths the file holds
+        self._warned_s = -PERSIST_WARN_INTERVAL_S  # see try_persist_pending
         self.load()
 
     def load(self) -> None:
@@ -281,15 +292,17 @@ class TopicRegistry:
         topics = _parse(self.path, raw)
         with self._lock:
             self._topics = topics
-            self._mtime_ns = stat.st_mtime_ns
+            self._version = _version_of(stat)
 
     def refresh(self) -> None:
-        """Read-only stores: pick up topics a writer created since."""
+        """Read-only stores: pick up topics a writer created since (each write is a
+        new file renamed over the old one: another inode, as well as another mtime,
+        which two writes within one clock tick could share)."""
         try:
-            mtime_ns = os.stat(self.path).st_mtime_ns
+            version = _version_of(os.stat(self.path))
         except FileNotFoundError:
             return
-        if mtime_ns != self._mtime_ns:
+        if version != self._version:
             self.load()
 
     def get(self, name: str) -> TopicConfig | None:
@@ -366,6 +379,26 @@ class TopicRegistry:
                 self._write(topics)
                 self._written = grown
 
+    def try_persist_pending(self) -> bool:
+        """``persist_pending``, but a failed write (a full disk...) is logged, at most
+        once every PERSIST_WARN_INTERVAL_S, and left pending for the next call: the
+        records of the grown queues are safe without it (the module's docstring),
+        and only readers in other processes wait for their partitions. Returns
+        whether nothing is pending now."""
+        try:
+            self.persist_pending()
+        except OSError as error:
+            now_s = time.monotonic()
+            if now_s - self._warned_s >= PERSIST_WARN_INTERVAL_S:
+                self._warned_s = now_s
+                log.warning(
+                    "%s could not follow a topic's growth (retried; readers in other "
+                    "processes do not see the new partitions until it does): %s",
+                    self.path, error,
+                )  # fmt: skip
+            return False
+        return True
+
     def raw(self) -> bytes:
         """The registry file's bytes as persisted (b"": no topic yet): what a leader
         sends its followers (mqstore.replication)."""
@@ -401,6 +434,10 @@ class TopicRegistry:
             "checksum": json_checksum(body),
         }
         write_json_atomically(self.path, document)
+
+
+def _version_of(stat: os.stat_result) -> tuple[int, ...]:
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _not_shrunk(config: TopicConfig, current: TopicConfig | None) -> TopicConfig:

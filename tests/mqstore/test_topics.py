@@ -29,7 +29,7 @@ from mqstore import (
     TopicPartition,
     UnknownTopicError,
 )
-from mqstore.commitlog.errors import InvalidArgumentError
+from mqstore.commitlog.errors import InvalidArgumentError, InvalidRecordError
 from mqstore.segmented import SegmentedConfig, SegmentedStore
 from mqstore.topics import PARTITIONS_MAX, TopicConfig, TopicRegistry
 from tests.mqstore.conftest import SMALL
@@ -195,9 +195,30 @@ def test_a_growth_stays_in_memory_until_persisted_or_written_with_a_change(tmp_p
     with pytest.raises(OSError):
         registry.persist_pending()
     assert registry.pending  # kept for the next try
+    assert registry.try_persist_pending() is False  # logged, not raised
+    assert registry.pending
     monkeypatch.undo()
-    registry.persist_pending()
+    assert registry.try_persist_pending() is True
     assert _on_disk(tmp_path).get("t").partitions == 8
+
+
+def test_a_growth_during_a_puts_write_stays_pending(tmp_path):
+    registry = TopicRegistry(str(tmp_path), read_only=False)
+    registry.put(TopicConfig(name="t", partitions=1))
+    written = registry._write
+
+    def write_while_growing(topics: dict) -> None:
+        registry.grow("t", 3)  # another thread's put, between the snapshot and the write
+        written(topics)
+
+    registry._write = write_while_growing  # type: ignore[method-assign]
+    registry.put(TopicConfig(name="u", partitions=1))
+    registry._write = written  # type: ignore[method-assign]
+    assert registry.get("t").partitions == 3
+    assert registry.pending  # the file holds the snapshot from before the growth
+    assert _on_disk(tmp_path).get("t").partitions == 1
+    registry.persist_pending()
+    assert _on_disk(tmp_path).get("t").partitions == 3
 
 
 def test_a_change_written_while_puts_grow_the_topic_never_shrinks_it(tmp_path):
@@ -254,6 +275,71 @@ def test_a_crash_before_the_registry_follows_loses_no_partition(tmp_path):
         for queue_id in range(1, 40):
             assert [m.value for m in reopened.get("t", queue_id, 0, 2)] == [b"v%d" % queue_id]
     assert _on_disk(root).get("t").partitions == 40
+
+
+def test_a_replicated_reopen_registers_the_queues_it_holds_back(tmp_path):
+    """A leader reopened with ``replicated=True`` after a crash holds its readers at
+    the last checkpoint: the records past it are not in any ConsumeQueue yet, and
+    their queues are registered from the CommitLog's count."""
+    root = tmp_path / "store"
+    store = MessageStore.open(root, StoreConfig(**SMALL))
+    store.create_topic("t", 1)
+
+    def crash_first() -> None:
+        raise OSError(5, "Input/output error (injected)")
+
+    assert store._dispatcher is not None
+    store._dispatcher.set_before_publish(crash_first)
+    for queue_id in range(1, 12):
+        store.put("t", queue_id, b"v%d" % queue_id)
+    store._crash()
+    with MessageStore.open(root, StoreConfig(**SMALL), replicated=True) as reopened:
+        assert reopened.held_at_open is not None
+        assert reopened.describe_topic("t").partitions == 12
+    assert _on_disk(root).get("t").partitions == 12
+
+
+@pytest.mark.parametrize("how", ["put", "put_batch_arrays", "put_batch_buffers"])
+def test_a_put_that_fails_after_growing_its_topic_keeps_the_growth_through_a_crash(tmp_path, how):
+    root = tmp_path / "store"
+    store = MessageStore.open(root, StoreConfig(**SMALL))
+    store.create_topic("c", 1, cleanup_policy="compact")
+    with pytest.raises(InvalidRecordError):  # a compacted topic's record needs a key
+        if how == "put":
+            store.put("c", 5, b"no key")
+        elif how == "put_batch_arrays":
+            store.put_batch_arrays("c", 5, [b"no key"])
+        else:
+            store.put_batch_buffers("c", 5, np.array([0, 6]), b"no key")
+    assert store.describe_topic("c").partitions == 6  # grown, as Kafka's auto-create
+    store._crash()
+    with MessageStore.open(root, StoreConfig(**SMALL)) as reopened:
+        assert reopened.describe_topic("c").partitions == 6  # never shrinks
+
+
+def test_a_registry_that_cannot_be_written_holds_back_no_record(tmp_path, monkeypatch, caplog):
+    root = tmp_path / "store"
+    with MessageStore.open(root, StoreConfig(**SMALL)) as store:
+        store.create_topic("t", 1)
+
+        def full(*_args: object) -> None:
+            raise OSError(28, "No space left on device (injected)")
+
+        monkeypatch.setattr("mqstore.topics.write_json_atomically", full)
+        with caplog.at_level("WARNING", logger="mqstore.topics"):
+            store.put("t", 3, b"x")
+            assert store.wait_for("t", 3, 0, 5000)  # dispatched all the same
+            store.put("t", 0, b"y")
+            assert store.wait_for("t", 0, 0, 5000)  # other queues too
+        assert store.topics.pending
+        assert sum("could not follow" in r.getMessage() for r in caplog.records) == 1
+        assert _on_disk(root).get("t").partitions == 1
+        monkeypatch.undo()
+        store.put("t", 1, b"z")
+        assert store.wait_for("t", 1, 0, 5000)
+        assert _on_disk(root).get("t").partitions == 4  # the next round wrote it
+        store.topics.grow("t", 9)  # a growth no record follows: close writes it
+    assert _on_disk(root).get("t").partitions == 9
 
 
 KILLED_WRITER = f"""
