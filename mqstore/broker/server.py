@@ -64,6 +64,7 @@ from mqstore.broker.handlers import FetchPass, Handlers
 from mqstore.broker.log import PartitionLog, RecordLog
 from mqstore.broker.longpoll import LongPolls
 from mqstore.broker.metrics import BrokerMetrics, MetricsServer, count_records, serve_metrics
+from mqstore.broker.private_apis import answer_private
 from mqstore.broker.protocol import (
     API_VERSIONS,
     FRAME_SIZE,
@@ -86,14 +87,7 @@ from mqstore.replication.protocol import (
     LEADER_CHANGE_API_KEY,
     PROMOTE_API_KEY,
     REPLICA_FETCH_API_KEY,
-    ReplicationProtocolError,
-    decode_leader_change,
-    decode_promote,
-    encode_control_response,
-    encode_promote_response,
 )
-from mqstore.replication.protocol import decode_request as decode_replica_fetch
-from mqstore.replication.protocol import encode_response as encode_replica_fetch
 from mqstore.segmented.store import SegmentedStore
 
 __all__ = ["Broker"]
@@ -115,11 +109,9 @@ LOOP_CODEC_BYTES_MAX: Final = 64 << 10
 #: What a request task gives the sender: framed bytes, a zero-copy Fetch, or None.
 _Response = bytes | ZeroCopyResponse | None
 
-#: What _read_frame returns when the peer closed (a request frame is never empty).
-#: A follower's ReplicaFetch waits in slices this long, so a stop is prompt.
-LONG_POLL_SLICE_MS: Final = 500
 REPLICA_THREADS: Final = 8  # followers served at once; more wait for a thread
 PRIVATE_APIS: Final = frozenset((REPLICA_FETCH_API_KEY, PROMOTE_API_KEY, LEADER_CHANGE_API_KEY))
+#: What _read_frame returns when the peer closed (a request frame is never empty).
 PEER_CLOSED: Final = b""
 
 
@@ -537,7 +529,10 @@ class Broker:
             return await self._raw_token(auth, payload, client)
         head = peek(payload)
         if head.api_key in PRIVATE_APIS and self.node is not None:
-            return await self._private(head.api_key, payload)
+            assert self.node is not None
+            return await answer_private(
+                self.node, head.api_key, payload, self._replica_pool, self._is_stopping
+            )
         api = served(head)
         if api is None and auth is not None and head.api_key in SASL_APIS:
             api = SASL_APIS[head.api_key]
@@ -685,56 +680,8 @@ class Broker:
             future.add_done_callback(_release_pass)
             raise
 
-    async def _private(self, api_key: int, payload: bytes) -> bytes:
-        """Replication's private APIs (mqstore.replication.protocol); a frame that
-        does not decode closes the connection."""
-        node = self.node
-        assert node is not None
-        if api_key == REPLICA_FETCH_API_KEY:
-            return await self._replica_fetch(node, payload)
-        loop = asyncio.get_running_loop()
-        try:
-            if api_key == PROMOTE_API_KEY:
-                correlation_id, unclean = decode_promote(payload)
-                error, epoch, message = await loop.run_in_executor(
-                    self._replica_pool, node.promote, unclean
-                )
-                return encode_promote_response(error, epoch, message, correlation_id)
-            correlation_id, change = decode_leader_change(payload)
-        except ReplicationProtocolError as error_:
-            raise MalformedRequestError(str(error_)) from None
-        error, epoch = await loop.run_in_executor(self._replica_pool, node.leader_change, change)
-        return encode_control_response(error, epoch, correlation_id)
-
-    async def _replica_fetch(self, node: ReplicaNode, payload: bytes) -> bytes:
-        """A follower's ReplicaFetch: long-polled in slices (so a stop is prompt) on
-        the wait threads, answered in mqstore.replication.leader."""
-        try:
-            correlation_id, request = decode_replica_fetch(payload)
-        except ReplicationProtocolError as error:
-            raise MalformedRequestError(str(error)) from None
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + request.max_wait_ms / 1000
-        first = True
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            stopping = self._stopping is not None and self._stopping.is_set()
-            wait_ms = 0 if stopping else min(left_ms, LONG_POLL_SLICE_MS)
-            response = await loop.run_in_executor(
-                self._replica_pool, node.answer_fetch, request._replace(max_wait_ms=wait_ms),
-                True, first,
-            )  # fmt: skip
-            first = False
-            if (
-                response.data
-                or response.error_code
-                or response.topics is not None
-                or response.diverging_end >= 0
-            ):
-                break
-            if stopping or left_ms == 0:
-                break
-        return encode_replica_fetch(response, correlation_id)
+    def _is_stopping(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
 
     async def _group_request(self, api: Api, head: RequestHead, payload: bytes) -> Any:
         groups, handlers = self.groups, self.handlers
