@@ -12,13 +12,13 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The tests include the Spark data source, so the dev install takes the spark extra too.
-$(STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c | $(PY)
+$(STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c consumequeue/_units.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # The demo needs the package alone: no dev tools, no Spark.
 DEMO_STAMP := $(VENV)/.installed-demo
-$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c | $(PY)
+$(DEMO_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c consumequeue/_units.c | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $(DEMO_STAMP)
 
@@ -87,7 +87,7 @@ chaos: $(BENCH_STAMP) fuse-deps
 pipeline: $(STAMP)
 	$(PY) -m examples.pipeline --path ./pipeline-data
 
-$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c | $(PY)
+$(BENCH_STAMP): pyproject.toml setup.py commitlog/_native.c commitlog/_scan.c commitlog/_appender.c commitlog/_feed.c commitlog/_native.h commitlog/_columns.c consumequeue/_time.c commitlog/_dispatch.c segmented/_records.c mqstore/broker/_kafka_codec.c mqstore/_put.c consumequeue/_runs.c consumequeue/_units.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(BENCH_STAMP)
 

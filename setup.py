@@ -24,6 +24,7 @@ setup(
                 "mqstore/broker/_kafka_codec.c",
                 "mqstore/_put.c",
                 "consumequeue/_runs.c",
+                "consumequeue/_units.c",
             ],
             depends=["commitlog/_native.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -37,6 +37,20 @@
  * units_in_place compares it. */
 enum { UNIT_AT_COMMITLOG_OFFSET = 0, UNIT_AT_SIZE = 8, UNIT_AT_TAG_HASH = 12, UNIT_SIZE = 20 };
 
+/* The ConsumeQueue tail writer's slot table (consumequeue/tail_writer.py): one row of
+ * int64 per queue, columns as TAIL_* below. A row with units_addr 0 is detached. */
+enum {
+    TAIL_UNITS_ADDR,  /* the mapping of the queue's last unit file */
+    TAIL_TIMES_ADDR,  /* the first timestamp of its time file */
+    TAIL_BLOCKS_ADDR, /* the first block maximum of its time file */
+    TAIL_INTERVAL,    /* units per block */
+    TAIL_FILE_FIRST,  /* queue offset of unit 0 of that file */
+    TAIL_NEXT,        /* the queue's max offset: the only offset appended here */
+    TAIL_LIMIT,       /* first queue offset not reserved on disk (or past the file) */
+    TAIL_LAST_CLOG,   /* commitlog offset of the queue's last unit */
+    TAIL_COLUMNS
+};
+
 /* Field offsets of the header above. commitlog/native.py compares every one of these
  * (and the sizes and magics) with commitlog/record_format.py at import: LAYOUT in
  * _native.c. */
@@ -316,6 +330,9 @@ PyObject *mqstore_array_type(void);
 
 /* commitlog/_feed.c: feed_columns. */
 int mqstore_add_feed_functions(PyObject *m);
+
+/* consumequeue/_units.c: write_units. */
+int mqstore_add_units_functions(PyObject *m);
 
 /* ------------------------------------------------------------------ _dispatch.c */
 

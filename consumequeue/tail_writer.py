@@ -4,7 +4,7 @@ Why: with thousands of queues each dispatch round holds about one unit per queue
 ``ConsumeQueue.put`` (validation, lock, file look-up, two struct writes) costs about
 15 us per unit in Python; a store of 4,096 partitions then dispatches 12x slower than
 one of a single partition. Here a round's units go to C (``write_units`` in
-commitlog/_native.c) in one call.
+consumequeue/_units.c) in one call.
 
 How: every queue the dispatcher writes gets a slot, a row of a table holding the raw
 addresses of its last unit and time files, its max offset, the end of the disk space
@@ -62,7 +62,7 @@ from mqstore.consumequeue.queue_store import ConsumeQueueStore
 
 __all__ = ["TailWriter"]
 
-# Columns of the slot table (commitlog/_native.c, enum TAIL_*).
+# Columns of the slot table (commitlog/_native.h, enum TAIL_*).
 _UNITS_ADDR: Final = 0
 _TIMES_ADDR: Final = 1
 _BLOCKS_ADDR: Final = 2
