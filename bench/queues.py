@@ -7,6 +7,8 @@ queues, then the wait until every message is readable (the dispatcher's lag is 0
 ``get`` finds it). A sample of queues is then read back through ``get`` to check.
 
 - CommitLog engine (``MessageStore.put``): 1, 4,096 and 100,000 queues.
+- CommitLog engine, ``commitlog-grown``: 100,000 queues met through ``put`` alone, no
+  ``create_topic`` first (each put to a new queue grows the topic; timed).
 - Segmented engine (``KafkaProducer.send``; readable at once, no dispatch): 4,096
   and 100,000 partitions, when it runs within the open-file limit; a case that fails
   reports its error instead of figures.
@@ -62,7 +64,9 @@ def _rss_mib() -> float:
     return 0.0
 
 
-def _commitlog_case(directory: str, queues: int, messages: int) -> dict[str, Any]:
+def _commitlog_case(
+    directory: str, queues: int, messages: int, create: bool = True
+) -> dict[str, Any]:
     from mqstore import MessageStore, StoreConfig
 
     store = MessageStore.open(
@@ -70,7 +74,8 @@ def _commitlog_case(directory: str, queues: int, messages: int) -> dict[str, Any
     )
     try:
         fds_before, rss_before = _fds(), _rss_mib()
-        store.create_topic(TOPIC, queues)  # CommitLog: no queue file until a put
+        if create:  # else the puts grow the topic, timed
+            store.create_topic(TOPIC, queues)  # CommitLog: no queue file until a put
         body = b"x" * BODY_BYTES
         put = store.put
         started = time.perf_counter()
@@ -84,7 +89,7 @@ def _commitlog_case(directory: str, queues: int, messages: int) -> dict[str, Any
         readable_s = time.perf_counter() - started
         fds_after, rss_after = _fds(), _rss_mib()
         step = max(1, queues // SAMPLE_QUEUES)
-        for queue_id in range(0, queues, step):  # every message is readable through get
+        for queue_id in range(0, min(queues, messages), step):  # readable through get
             expected = messages // queues + (queue_id < messages % queues)
             if store.max_offset(TOPIC, queue_id) != expected:
                 raise AssertionError(f"queue {queue_id}: max offset != {expected}")
@@ -136,10 +141,12 @@ def child(engine: str, queues: int, messages: int, profile: bool = False) -> Non
     directory = tempfile.mkdtemp(prefix=f"queues-{engine}-{queues}-")
     profiler = cProfile.Profile() if profile else None
     try:
-        case = _commitlog_case if engine == "commitlog" else _segmented_case
         if profiler is not None:
             profiler.enable()
-        result = case(directory, queues, messages)
+        if engine == "segmented":
+            result = _segmented_case(directory, queues, messages)
+        else:
+            result = _commitlog_case(directory, queues, messages, engine == "commitlog")
         if profiler is not None:
             profiler.disable()
             text = io.StringIO()
@@ -219,6 +226,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--queues", default="1,4096,100000", help="CommitLog queue counts")
+    parser.add_argument("--grown", default="100000", help="commitlog-grown queue counts ('': none)")
     parser.add_argument("--segmented", default="4096,100000", help="segmented partition counts")
     parser.add_argument("--no-segmented", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "QUEUES"), help=argparse.SUPPRESS)
@@ -229,6 +237,7 @@ def main() -> None:
         child(args.child[0], int(args.child[1]), args.messages, args.profile)
         return
     cases = [("commitlog", int(n)) for n in args.queues.split(",")]
+    cases += [("commitlog-grown", int(n)) for n in args.grown.split(",") if n]
     if not args.no_segmented:
         cases += [("segmented", int(n)) for n in args.segmented.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {f"{e}/{n}": [] for e, n in cases}
