@@ -385,7 +385,8 @@ class ReplicaLeader:
             return self._response(OFFSET_OUT_OF_RANGE, request, end, topics, b"")
         if record:
             self._record(request, end)
-        if wait and request.log_end == end and request.max_wait_ms > 0:
+        # A follower whose registry is stale is answered at once: its topics are news.
+        if wait and request.log_end == end and request.max_wait_ms > 0 and topics is None:
             source.wait_for_position(request.log_end, request.max_wait_ms)
             topics, end = self._snapshot(request)
         next_epoch_start = epochs.next_start_after(request.log_end)

@@ -124,6 +124,22 @@ def test_every_record_below_a_snapshots_end_has_its_partition_in_its_topics(stor
         assert max(queues) < partitions
 
 
+def test_a_follower_with_stale_topics_is_answered_at_once(store):
+    store.put("t", 0, b"x")
+    end = store.commitlog.write_position
+    leader = ReplicaLeader(store)
+    leader.activate()
+    started = time.monotonic()
+    response = leader.answer(_request(end, wait_ms=5_000, crc=0), wait=True)  # no registry
+    assert time.monotonic() - started < 2.5  # not after its 5 s long poll
+    assert response.topics is not None and response.data == b""
+    current = zlib.crc32(response.topics)
+    started = time.monotonic()
+    response = leader.answer(_request(end, wait_ms=1_000, crc=current), wait=True)
+    assert time.monotonic() - started >= 0.9  # current topics: a long poll as before
+    assert response.topics is None
+
+
 def test_a_blank_record_is_sent_whole_and_alone(store):
     while store.commitlog.write_position < FILE_BYTES:
         store.put("t", 0, b"y" * 1000)
@@ -151,13 +167,14 @@ def test_a_follower_end_past_the_leaders_is_refused_and_not_counted(store, broke
 def test_a_follower_at_the_end_long_polls_until_a_put(store, broker):
     store.put("t", 0, b"first")
     end = store.commitlog.write_position
+    crc = zlib.crc32(store.replica_topics())  # its topics are current (else: at once)
     started = time.monotonic()
-    assert _ask(broker, _request(end, wait_ms=300)).data == b""
+    assert _ask(broker, _request(end, wait_ms=300, crc=crc)).data == b""
     assert time.monotonic() - started >= 0.29
     timer = threading.Timer(0.3, store.put, args=("t", 0, b"second"))
     timer.start()
     started = time.monotonic()
-    response = _ask(broker, _request(end, wait_ms=10_000))
+    response = _ask(broker, _request(end, wait_ms=10_000, crc=crc))
     waited = time.monotonic() - started
     timer.join()
     assert response.data  # woken by the put, long before the 10 s
