@@ -418,10 +418,11 @@ class CommitLogEngine:
         # The ConsumeQueues' queues, and those recovery counted in the CommitLog: a
         # store held at open (replicated) dispatches some of them only later, and a
         # put's growth is not written before its records (TopicRegistry.grow).
-        queues = set(self.consume_queues.existing_queues())
-        queues.update(self.commitlog.queue_offsets())
-        for topic, queue_id in queues:
-            counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+        found = self.consume_queues.existing_queues(), self.commitlog.queue_offsets()
+        for queues in found:
+            for topic, queue_id in queues:
+                if queue_id >= counts.get(topic, 0):
+                    counts[topic] = queue_id + 1
         changed = 0
         for topic, partitions in sorted(counts.items()):
             config = self.topics.get(topic)
