@@ -256,8 +256,9 @@ def test_a_reader_knows_every_partition_whose_records_it_can_read(tmp_path):
                 assert reader.max_offset("t", queue_id) == 1  # UnknownTopicError otherwise
 
 
-def test_a_crash_before_the_registry_follows_loses_no_partition(tmp_path):
-    root = tmp_path / "store"
+def _crash_after_growing_puts(root, partitions: int) -> None:
+    """A writer grows topic t from 1 to ``partitions`` by puts (one record each to
+    queues 1 and up) and dies before any dispatch round writes its registry."""
     store = MessageStore.open(root, StoreConfig(**SMALL))
     store.create_topic("t", 1)
 
@@ -266,10 +267,15 @@ def test_a_crash_before_the_registry_follows_loses_no_partition(tmp_path):
 
     assert store._dispatcher is not None
     store._dispatcher.set_before_publish(crash_first)
-    for queue_id in range(1, 40):
+    for queue_id in range(1, partitions):
         store.put("t", queue_id, b"v%d" % queue_id)
     store._crash()
     assert _on_disk(root).get("t").partitions == 1  # the growths never reached the file
+
+
+def test_a_crash_before_the_registry_follows_loses_no_partition(tmp_path):
+    root = tmp_path / "store"
+    _crash_after_growing_puts(root, 40)
     with MessageStore.open(root, StoreConfig(**SMALL)) as reopened:
         assert reopened.describe_topic("t").partitions == 40
         for queue_id in range(1, 40):
@@ -282,17 +288,7 @@ def test_a_replicated_reopen_registers_the_queues_it_holds_back(tmp_path):
     the last checkpoint: the records past it are not in any ConsumeQueue yet, and
     their queues are registered from the CommitLog's count."""
     root = tmp_path / "store"
-    store = MessageStore.open(root, StoreConfig(**SMALL))
-    store.create_topic("t", 1)
-
-    def crash_first() -> None:
-        raise OSError(5, "Input/output error (injected)")
-
-    assert store._dispatcher is not None
-    store._dispatcher.set_before_publish(crash_first)
-    for queue_id in range(1, 12):
-        store.put("t", queue_id, b"v%d" % queue_id)
-    store._crash()
+    _crash_after_growing_puts(root, 12)
     with MessageStore.open(root, StoreConfig(**SMALL), replicated=True) as reopened:
         assert reopened.held_at_open is not None
         assert reopened.describe_topic("t").partitions == 12
