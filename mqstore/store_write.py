@@ -319,8 +319,7 @@ class StoreWriter:
         and no record will make the dispatcher write the registry: write it now, as
         the growth was written before it moved to memory (partitions never shrink,
         not even after a crash). A failure here is logged; the write's error stands."""
-        if self.topics.pending:
-            self.topics.try_persist_pending()
+        self.topics.try_persist_pending()  # nothing pending: two attribute reads
 
     def _compacted_topic(self, topic: str) -> bool:
         config = self.topics.get(topic)
