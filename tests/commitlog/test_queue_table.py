@@ -63,6 +63,7 @@ _ops = st.one_of(
     st.tuples(st.just("get"), _keys),
     st.tuples(st.just("set"), _any_keys, st.integers(0, 1_000)),  # a batch, a replica's plan
     st.tuples(st.just("scan"), st.lists(st.tuples(_any_keys, st.integers(0, 1_000)), max_size=4)),
+    st.tuples(st.just("raise"), st.dictionaries(_any_keys, st.integers(0, 1_000), max_size=4)),
     st.tuples(st.just("clear")),
 )
 
@@ -71,6 +72,8 @@ _ops = st.one_of(
 @given(st.lists(_ops, max_size=60))
 # A negative id set after the last queue of a seed advanced in place must leave it be.
 @example([("get", ("a", 0)), ("append", ("a", 3)), ("set", ("a", -1), 7), ("append", ("a", 3))])
+# A replica's chunk below a seeded queue's offset leaves the queue where it is.
+@example([("get", ("a", 0)), ("raise", {("a", 1): 5, ("a", 2): 25})])
 def test_the_table_and_the_seeds_are_one_dict_of_next_offsets(ops: list[Any]) -> None:
     """After every step: no queue in both places, each place agrees with the model, and
     the snapshot is the model (every queue appended to, asked for, set or scanned)."""
@@ -92,6 +95,12 @@ def test_the_table_and_the_seeds_are_one_dict_of_next_offsets(ops: list[Any]) ->
         elif op[0] == "set":
             table.set(op[1], op[2])
             model[op[1]] = op[2]
+        elif op[0] == "raise":  # a replica's chunk: each queue to at least its end
+            before = {key: table.known(*key) or 0 for key in op[1]}
+            table.raise_to(op[1])
+            for key, offset in op[1].items():
+                if offset > before[key]:
+                    model[key] = offset
         elif op[0] == "scan":  # scan_log writes the dict directly, then after_scan
             for key, offset in op[1]:
                 table.table[key] = offset
