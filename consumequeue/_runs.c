@@ -105,12 +105,14 @@ static int take_unit(PyObject *runs, PyObject *new_run, PyObject *started, int32
     Py_ssize_t length = 0;
     if (run == NULL && PyErr_Occurred()) goto done;
     if (run != NULL && run != Py_None && (length = PyObject_Length(run)) < 0) goto done;
-    PyObject *at = PyLong_FromLongLong(position);
-    if (at == NULL) goto done;
-    if (run == NULL || run == Py_None || length == 0) { /* may start anywhere */
-        PyObject *made = new_run == run_type && run_type != NULL
-                             ? run_new(offset, position)
-                             : PyObject_CallFunction(new_run, "LO", (long long)offset, at);
+    /* The position as an int for Python calls only: a run made in C takes it raw. */
+    int in_c = run_type != NULL && new_run == run_type;
+    int starts = run == NULL || run == Py_None || length == 0; /* may start anywhere */
+    PyObject *at = NULL;
+    if (!(starts && in_c) && (at = PyLong_FromLongLong(position)) == NULL) goto done;
+    if (starts) {
+        PyObject *made = in_c ? run_new(offset, position)
+                              : PyObject_CallFunction(new_run, "LO", (long long)offset, at);
         if (made != NULL) {
             if (PyDict_SetItem(runs, key, made) == 0 &&
                 PyDict_SetItem(started, key, run == NULL ? Py_None : run) == 0)
@@ -129,7 +131,7 @@ static int take_unit(PyObject *runs, PyObject *new_run, PyObject *started, int32
             }
         }
     }
-    Py_DECREF(at);
+    Py_XDECREF(at);
 done:
     Py_XDECREF(run);
     Py_DECREF(key);
